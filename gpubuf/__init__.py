@@ -1,0 +1,29 @@
+"""gpubuf: a GPU-first replay buffer for PyTorch with TorchRL's ``torchrl.data`` API.
+
+``import gpubuf`` needs no GPU and does not import Triton: kernels are imported on first use
+by a CUDA tensor.
+"""
+
+from gpubuf import errors
+from gpubuf.buffers import ReplayBuffer, TensorDictReplayBuffer
+from gpubuf.samplers import RandomSampler, Sampler, SamplerWithoutReplacement
+from gpubuf.storages import LazyTensorStorage, ListStorage, Storage, TensorStorage
+from gpubuf.writers import RoundRobinWriter, TensorDictRoundRobinWriter, Writer
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "errors",
+    "ReplayBuffer",
+    "TensorDictReplayBuffer",
+    "Storage",
+    "ListStorage",
+    "TensorStorage",
+    "LazyTensorStorage",
+    "Sampler",
+    "RandomSampler",
+    "SamplerWithoutReplacement",
+    "Writer",
+    "RoundRobinWriter",
+    "TensorDictRoundRobinWriter",
+]

@@ -1,0 +1,6 @@
+"""Replay buffers: storage + sampler + writer behind TorchRL's API."""
+
+from gpubuf.buffers.base import ReplayBuffer
+from gpubuf.buffers.tensordict import TensorDictReplayBuffer
+
+__all__ = ["ReplayBuffer", "TensorDictReplayBuffer"]

@@ -1,0 +1,161 @@
+"""``TensorDictReplayBuffer``: a replay buffer of TensorDicts whose samples carry their ``"index"``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase, is_tensorclass
+
+from gpubuf.buffers.base import ReplayBuffer
+from gpubuf.errors import UnsupportedDataError
+from gpubuf.storages.tensor import TensorStorage
+from gpubuf.writers import TensorDictRoundRobinWriter
+
+_INDEX_KEY = ("index",)
+
+
+def _expand_as_batch(value: torch.Tensor, batch_size: torch.Size) -> torch.Tensor:
+    if value.ndim < len(batch_size):
+        value = value.reshape(value.shape + (1,) * (len(batch_size) - value.ndim)).expand(batch_size)
+    return value
+
+
+class TensorDictReplayBuffer(ReplayBuffer):
+    """A :class:`ReplayBuffer` specialised for TensorDicts (``torchrl.data.TensorDictReplayBuffer``).
+
+    Extending writes an ``"index"`` entry into the given TensorDict (so its priorities can be
+    updated later) and sampled TensorDicts carry ``"index"`` (and ``"priority_weight"`` with a
+    prioritized sampler) from the sampler's info.
+
+    Keyword Args:
+        priority_key: the key holding priorities for :meth:`update_tensordict_priority`
+            (default ``"td_error"``).
+        **kwargs: as :class:`ReplayBuffer`; the default writer is
+            :class:`~gpubuf.writers.TensorDictRoundRobinWriter`.
+    """
+
+    _default_writer = TensorDictRoundRobinWriter
+
+    def __init__(self, *, priority_key: str = "td_error", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.priority_key = priority_key
+
+    def extend(self, tensordicts: TensorDictBase, *, update_priority: bool | None = None) -> torch.Tensor:
+        """Writes a batch of TensorDicts; sets ``tensordicts["index"]``; updates priorities from
+        ``priority_key`` when present (and ``update_priority`` is not False).
+
+        Raises:
+            UnsupportedDataError: the data is not a TensorDict (use :class:`ReplayBuffer` for
+                tensorclasses and other data).
+            Every error of :meth:`ReplayBuffer.extend`, with the buffer unchanged.
+        """
+        if not isinstance(tensordicts, TensorDictBase):
+            raise UnsupportedDataError(
+                f"{type(self).__name__}.extend takes a TensorDict, got {type(tensordicts).__name__}; "
+                "use ReplayBuffer for tensorclasses and other data"
+            )
+        if len(self._transform):
+            tensordicts = self._transform.inv(tensordicts)
+        if tensordicts is None:
+            return torch.zeros((0, self._storage.ndim), dtype=torch.long)
+        index = self._extend(tensordicts)
+        if update_priority is None or update_priority:
+            priority = tensordicts.get(self.priority_key, None)
+            if priority is not None:
+                self.update_priority(index, self._reduce_priority(priority, tensordicts))
+        return index
+
+    def add(self, data: TensorDictBase) -> int:
+        if len(self._transform):
+            data = self._transform.inv(data)
+        with self._lock:
+            index = self._writer.add(data)
+            self._sampler.add(index)
+        if isinstance(data, TensorDictBase):
+            self.update_tensordict_priority(data)
+        return index
+
+    def _reduce_priority(self, priority: torch.Tensor, data: TensorDictBase) -> torch.Tensor:
+        """One priority per item: reduces any per-item trailing dims with the sampler's reduction."""
+        nd = self._storage.ndim
+        if priority.ndim <= nd:
+            return priority.flatten() if nd > 1 else priority
+        flat = priority.reshape(*priority.shape[:nd], -1)
+        reduction = getattr(self._sampler, "reduction", "max")
+        if reduction == "max":
+            out = flat.amax(-1)
+        elif reduction == "min":
+            out = flat.amin(-1)
+        elif reduction == "mean":
+            out = flat.mean(-1)
+        elif reduction == "median":
+            out = flat.median(-1).values
+        else:
+            raise ValueError(f"unknown reduction {reduction!r}")
+        return out.flatten() if nd > 1 else out
+
+    def update_tensordict_priority(self, data: TensorDictBase) -> None:
+        """Reads ``data["index"]`` and ``data[priority_key]`` and updates the sampler's priorities.
+
+        A no-op for samplers without priorities.
+        """
+        if not hasattr(self._sampler, "update_priority") or type(self._sampler).update_priority is getattr(
+            __import__("gpubuf.samplers.base", fromlist=["Sampler"]).Sampler, "update_priority"
+        ):
+            return
+        priority = data.get(self.priority_key, None)
+        if priority is None:
+            priority = torch.full(data.batch_size[:1] or (), self._sampler.default_priority, dtype=torch.float)
+        else:
+            priority = self._reduce_priority(priority, data) if data.ndim else priority.reshape(-1).amax()
+        index = data.get("index")
+        if self._storage.ndim > 1 and index.ndim == 2:
+            index = index.unbind(-1)
+        else:
+            while index.ndim > priority.ndim:
+                index = index[..., 0]
+        self.update_priority(index, priority)
+
+    def _sample(self, batch_size: int) -> tuple[Any, dict]:
+        with self._lock:
+            index, info = self._sampler.sample(self._storage, batch_size)
+            info["index"] = index
+            fill = None
+            layout = getattr(self._storage, "layout", None)
+            if isinstance(self._storage, TensorStorage) and layout is not None and layout.index_of(_INDEX_KEY) is not None:
+                # The stored "index" column is overwritten by the sampler's index below: skip its gather.
+                fill = {_INDEX_KEY: self._index_value(index, layout, batch_size)}
+            data = self._read(index, fill)
+        if isinstance(data, TensorDictBase):
+            for key, value in info.items():
+                if key == "index" and fill is not None:
+                    continue
+                if isinstance(value, tuple):
+                    value = torch.stack(value, -1)
+                if isinstance(value, torch.Tensor):
+                    data.set(key, _expand_as_batch(value.to(data.device) if data.device else value, data.batch_size))
+        if len(self._transform):
+            data = self._apply_transform(data)
+        if self._pin_memory and torch.cuda.is_available():
+            data = data.pin_memory()
+        return data, info
+
+    def _index_value(self, index: Any, layout: Any, batch_size: int) -> torch.Tensor:
+        if isinstance(index, tuple):
+            index = torch.stack(index, -1)
+            return index
+        item_batch = layout.item_batch[self._storage.ndim - 1 :]
+        return _expand_as_batch(index, torch.Size([index.shape[0], *item_batch]))
+
+    def sample(self, batch_size: int | None = None, return_info: bool = False, include_info: bool | None = None) -> Any:
+        """Samples a TensorDict holding ``"index"`` (and the sampler's other info entries).
+
+        See :meth:`ReplayBuffer.sample`. ``include_info`` is accepted for TorchRL compatibility.
+        """
+        data, info = super().sample(batch_size, return_info=True)
+        if not isinstance(data, TensorDictBase) and not is_tensorclass(data):
+            raise UnsupportedDataError("TensorDictReplayBuffer can only sample TensorDict data")
+        if return_info:
+            return data, info
+        return data

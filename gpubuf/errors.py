@@ -1,0 +1,72 @@
+"""Typed errors raised by gpubuf.
+
+Every error derives from :class:`GpubufError` and from the builtin exception
+that TorchRL raises in the same situation (``ValueError``, ``TypeError``,
+``RuntimeError`` or ``IndexError``), so code written against TorchRL that
+catches builtin exceptions keeps working, and new code can catch the precise
+type.
+
+Whenever one of these is raised by a buffer, storage, sampler or writer, the
+object is left exactly as it was before the call: no row written, no cursor
+moved, no priority changed.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "GpubufError",
+    "SchemaMismatchError",
+    "DTypeMismatchError",
+    "DeviceMismatchError",
+    "UnsupportedDataError",
+    "EmptyBufferError",
+    "BatchSizeError",
+    "CapacityError",
+    "IndexOutOfRangeError",
+    "BackendUnavailableError",
+    "PriorityError",
+]
+
+
+class GpubufError(Exception):
+    """Base class of every error gpubuf raises on purpose."""
+
+
+class SchemaMismatchError(GpubufError, ValueError):
+    """A batch's keys or trailing shapes differ from what the storage holds."""
+
+
+class DTypeMismatchError(GpubufError, TypeError):
+    """A batch's leaf has another dtype than the storage's leaf of that key."""
+
+
+class DeviceMismatchError(GpubufError, ValueError):
+    """A tensor is on a device that the operation cannot accept."""
+
+
+class UnsupportedDataError(GpubufError, TypeError):
+    """The data's type cannot be held by this storage (e.g. a str in a TensorStorage)."""
+
+
+class EmptyBufferError(GpubufError, RuntimeError):
+    """Sampling or reading was asked of a buffer that holds no item."""
+
+
+class BatchSizeError(GpubufError, RuntimeError):
+    """No batch size was given, neither to the constructor nor to ``sample``, or it is invalid."""
+
+
+class CapacityError(GpubufError, ValueError):
+    """A capacity (``max_size``) that is not a positive integer."""
+
+
+class IndexOutOfRangeError(GpubufError, IndexError):
+    """An index outside the written range of a storage or priority tree."""
+
+
+class BackendUnavailableError(GpubufError, RuntimeError):
+    """An explicit kernel backend was requested that cannot run here."""
+
+
+class PriorityError(GpubufError, ValueError):
+    """A priority that is NaN, infinite or negative, or whose shape does not match its index."""

@@ -1,0 +1,142 @@
+"""Row gather: copy rows ``index`` of several tensors into batches, one launch on CUDA.
+
+This is the op under every sample: a storage keeps each field (leaf) as a tensor of shape
+``[N, *trail]``, and a sample gathers the same B rows of all of them.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from gpubuf.errors import DeviceMismatchError, DTypeMismatchError, IndexOutOfRangeError, SchemaMismatchError
+from gpubuf.ops._dispatch import kernel_module, resolve_backend
+
+__all__ = ["gather_rows", "gather_rows_ref"]
+
+_INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def gather_rows_ref(
+    sources: Sequence[torch.Tensor],
+    index: torch.Tensor,
+    outs: Sequence[torch.Tensor] | None = None,
+) -> list[torch.Tensor]:
+    """Pure-torch twin of the row gather; the op's specification.
+
+    For every ``i`` and ``b``: ``result[i][b] = sources[i][index[b]]``.
+
+    Args:
+        sources: tensors of shape ``[N, *trail_i]`` (any dtype, any trailing shape, possibly
+            different per source), all with the same ``N`` and on the same device. They are only
+            read.
+        index: 1-D ``int64`` or ``int32`` tensor of ``B`` row numbers in ``[0, N)`` on the same
+            device. Duplicates and any order are allowed; each output row is an independent copy.
+        outs: optional preallocated outputs of shape ``[B, *trail_i]`` with the sources' dtypes,
+            on the same device, contiguous. They are overwritten and returned.
+
+    Returns:
+        One contiguous tensor of shape ``[B, *trail_i]`` per source (``outs`` when given).
+    """
+    if outs is None:
+        return [torch.index_select(src, 0, index) for src in sources]
+    for src, out in zip(sources, outs):
+        torch.index_select(src, 0, index, out=out)
+    return list(outs)
+
+
+def _check(sources: Sequence[torch.Tensor], index: torch.Tensor, outs: Sequence[torch.Tensor] | None) -> None:
+    if not sources:
+        raise ValueError("gather_rows needs at least one source tensor")
+    if not isinstance(index, torch.Tensor) or index.ndim != 1 or index.dtype not in _INDEX_DTYPES:
+        raise TypeError(
+            f"index must be a 1-D int64 or int32 tensor, got "
+            f"{type(index).__name__ if not isinstance(index, torch.Tensor) else f'{index.dtype} of shape {list(index.shape)}'}"
+        )
+    device = sources[0].device
+    rows = sources[0].shape[0] if sources[0].ndim else None
+    for i, src in enumerate(sources):
+        if src.ndim == 0:
+            raise SchemaMismatchError(f"source #{i} is a scalar; expected a tensor of shape [N, ...]")
+        if src.device != device:
+            raise DeviceMismatchError(f"source #{i} is on {src.device}, expected {device} like source #0")
+        if src.shape[0] != rows:
+            raise SchemaMismatchError(f"source #{i} has {src.shape[0]} rows, expected {rows} like source #0")
+    if index.device != device:
+        raise DeviceMismatchError(f"index is on {index.device}, expected the sources' device {device}")
+    if outs is not None:
+        if len(outs) != len(sources):
+            raise ValueError(f"got {len(outs)} outputs for {len(sources)} sources")
+        for i, (src, out) in enumerate(zip(sources, outs)):
+            expected = torch.Size([index.shape[0], *src.shape[1:]])
+            if out.shape != expected:
+                raise SchemaMismatchError(f"out #{i} has shape {list(out.shape)}, expected {list(expected)}")
+            if out.dtype != src.dtype:
+                raise DTypeMismatchError(f"out #{i} has dtype {out.dtype}, expected {src.dtype}")
+            if out.device != device:
+                raise DeviceMismatchError(f"out #{i} is on {out.device}, expected {device}")
+            if not out.is_contiguous():
+                raise ValueError(f"out #{i} must be contiguous")
+
+
+def _check_bounds(index: torch.Tensor, rows: int) -> None:
+    if index.numel() == 0:
+        return
+    lo, hi = torch.aminmax(index)
+    lo, hi = int(lo), int(hi)
+    if lo < 0 or hi >= rows:
+        bad = lo if lo < 0 else hi
+        raise IndexOutOfRangeError(f"row index {bad} is out of range for {rows} rows (expected 0 <= index < {rows})")
+
+
+def gather_rows(
+    sources: Sequence[torch.Tensor],
+    index: torch.Tensor,
+    outs: Sequence[torch.Tensor] | None = None,
+    *,
+    backend: str = "auto",
+    check_bounds: bool = True,
+) -> list[torch.Tensor]:
+    """Gathers rows ``index`` of every source; see :func:`gather_rows_ref` for the specification.
+
+    CUDA tensors go to one Triton launch for all sources, CPU tensors to the torch twin.
+
+    Args:
+        sources, index, outs: as in :func:`gather_rows_ref`.
+        backend: ``"auto"`` (by device), ``"torch"`` or ``"triton"``.
+        check_bounds: verify ``0 <= index < N`` first and raise
+            :class:`~gpubuf.errors.IndexOutOfRangeError` otherwise. On CUDA this synchronises;
+            callers that produce indices in range by construction (samplers) pass ``False``.
+
+    Raises:
+        TypeError, ValueError, SchemaMismatchError, DTypeMismatchError, DeviceMismatchError:
+            malformed arguments, before anything is written.
+        IndexOutOfRangeError: an index outside ``[0, N)`` with ``check_bounds=True``.
+        BackendUnavailableError: ``backend="triton"`` where Triton cannot run.
+    """
+    _check(sources, index, outs)
+    which = resolve_backend(sources[0], backend)
+    if check_bounds:
+        _check_bounds(index, sources[0].shape[0])
+    if which == "triton":
+        return kernel_module("gather").gather_rows_triton(list(sources), index, None if outs is None else list(outs))
+    return gather_rows_ref(sources, index, outs)
+
+
+def gather_rows_trusted(sources: Sequence[torch.Tensor], index: torch.Tensor) -> list[torch.Tensor]:
+    """The sample path's entry: no argument checks, dispatch by device only.
+
+    For callers that built ``sources`` and ``index`` themselves and guarantee the contract of
+    :func:`gather_rows_ref` (same device, 1-D integer index in range, rows contiguous). It skips
+    the per-call validation, which costs more than the gather itself for small batches on CPU.
+    """
+    if index.is_cuda and _triton_ok():
+        return kernel_module("gather").gather_rows_triton(list(sources), index, None)
+    return [torch.index_select(src, 0, index) for src in sources]
+
+
+def _triton_ok() -> bool:
+    from gpubuf.ops._dispatch import _triton_importable
+
+    return _triton_importable()

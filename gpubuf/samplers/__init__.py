@@ -1,0 +1,6 @@
+"""Samplers: which items a sample reads."""
+
+from gpubuf.samplers.base import Sampler
+from gpubuf.samplers.random import RandomSampler, SamplerWithoutReplacement
+
+__all__ = ["Sampler", "RandomSampler", "SamplerWithoutReplacement"]

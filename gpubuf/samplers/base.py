@@ -1,0 +1,64 @@
+"""The sampler interface (TorchRL's ``Sampler``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+class Sampler:
+    """Chooses which items a sample reads.
+
+    A sampler is told about writes (:meth:`add`, :meth:`extend`) and priority updates, and
+    returns ``(index, info)`` from :meth:`sample`. ``self._rng`` is the ``torch.Generator`` the
+    buffer hands to every component (``None``: torch's default generator).
+    """
+
+    _rng: torch.Generator | None = None
+
+    def sample(self, storage: Any, batch_size: int) -> tuple[Any, dict]:
+        raise NotImplementedError
+
+    def add(self, index: int) -> None:
+        return None
+
+    def extend(self, index: torch.Tensor) -> None:
+        return None
+
+    def update_priority(self, index: Any, priority: Any, *, storage: Any = None) -> dict | None:
+        return None
+
+    def mark_update(self, index: Any, *, storage: Any = None) -> None:
+        return None
+
+    @property
+    def default_priority(self) -> float:
+        return 1.0
+
+    @property
+    def ran_out(self) -> bool:
+        return False
+
+    @ran_out.setter
+    def ran_out(self, value: bool) -> None:
+        pass
+
+    @property
+    def _remaining_batches(self) -> int:
+        return 1
+
+    def can_sample(self, storage: Any, batch_size: int) -> bool:
+        return len(storage) > 0
+
+    def _empty(self) -> None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

@@ -1,0 +1,7 @@
+"""Storages: where the buffer's items live."""
+
+from gpubuf.storages.base import Storage
+from gpubuf.storages.list import ListStorage
+from gpubuf.storages.tensor import LazyTensorStorage, TensorStorage
+
+__all__ = ["Storage", "ListStorage", "TensorStorage", "LazyTensorStorage"]

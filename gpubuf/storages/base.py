@@ -1,0 +1,118 @@
+"""The storage interface shared by every gpubuf storage (TorchRL's ``Storage``)."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+import torch
+
+from gpubuf.errors import CapacityError
+
+
+def check_max_size(max_size: Any, what: str = "max_size") -> int:
+    """Returns ``max_size`` as an int, or raises :class:`CapacityError` when it is not a positive integer."""
+    if isinstance(max_size, bool) or not hasattr(max_size, "__index__"):
+        raise CapacityError(f"{what} must be a positive integer, got {max_size!r} ({type(max_size).__name__})")
+    value = operator.index(max_size)
+    if value <= 0:
+        raise CapacityError(f"{what} must be a positive integer, got {value}")
+    return value
+
+
+class Storage:
+    """A container of items addressed by integer indices.
+
+    Subclasses implement :meth:`set`, :meth:`get`, :meth:`__len__` and :meth:`_empty`.
+
+    Args:
+        max_size: the capacity, a positive int.
+        compilable: accepted for TorchRL compatibility; gpubuf storages keep plain Python
+            counters either way.
+    """
+
+    ndim = 1
+    device: torch.device | str | None = None
+
+    def __init__(self, max_size: int, *, compilable: bool = False) -> None:
+        self.max_size = check_max_size(max_size)
+        self._compilable = compilable
+        self._rng: torch.Generator | None = None
+        self._attached_entities: list = []
+        self._save_hooks: list[Callable] = []
+        self._load_hooks: list[Callable] = []
+        self._checkpointer = None
+
+    # ------------------------------------------------------------------ the interface
+    def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
+        raise NotImplementedError
+
+    def get(self, index: Any) -> Any:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def _empty(self) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ shared behaviour
+    def __getitem__(self, item: Any) -> Any:
+        return self.get(item)
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        self.set(index, value, set_cursor=False)
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def attach(self, buffer: Any) -> None:
+        """Registers a buffer (or other entity) that wants to hear about writes."""
+        if buffer not in self._attached_entities:
+            self._attached_entities.append(buffer)
+
+    @property
+    def _is_full(self) -> bool:
+        return len(self) == self.max_size
+
+    @property
+    def shape(self) -> torch.Size | None:
+        return torch.Size([len(self)])
+
+    def _max_size_along_dim0(self, *, single_data: Any = None, batched_data: Any = None) -> int:
+        return self.max_size
+
+    def _rand_given_ndim(self, batch_size: int) -> torch.Tensor:
+        return torch.randint(0, len(self), (batch_size,), generator=self._rng)
+
+    def flatten(self) -> "Storage":
+        return self
+
+    def register_save_hook(self, hook: Callable[[Any], Any]) -> None:
+        """Adds a hook applied to the data before it is saved by a checkpointer."""
+        self._save_hooks.append(hook)
+
+    def register_load_hook(self, hook: Callable[[Any], Any]) -> None:
+        """Adds a hook applied to the data after it is loaded by a checkpointer."""
+        self._load_hooks.append(hook)
+
+    @property
+    def checkpointer(self):
+        return self._checkpointer
+
+    @checkpointer.setter
+    def checkpointer(self, value) -> None:
+        self._checkpointer = value
+
+    def contains(self, item: int) -> bool:
+        return 0 <= int(item) < len(self)
+
+    def __contains__(self, item: int) -> bool:
+        return self.contains(item)
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        raise NotImplementedError

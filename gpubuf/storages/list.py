@@ -1,0 +1,145 @@
+"""``ListStorage``: a Python list of arbitrary items (TorchRL's ``ListStorage``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpubuf.errors import EmptyBufferError, IndexOutOfRangeError, UnsupportedDataError
+from gpubuf.storages.base import Storage, check_max_size
+from gpubuf.storages.tensor import _is_int
+
+_UNBOUNDED = torch.iinfo(torch.int64).max
+
+
+class ListStorage(Storage):
+    """A storage of arbitrary Python objects kept in a list.
+
+    Items need no common structure; sampled batches are stacked when the items are tensors or
+    tensor collections of one shape, and returned as a list otherwise.
+
+    Args:
+        max_size: capacity; unbounded when ``None`` (TorchRL's default).
+
+    Keyword Args:
+        compilable: accepted for TorchRL compatibility.
+        device: when set, items with a ``.to`` method are moved there on write.
+    """
+
+    def __init__(self, max_size: int | None = None, *, compilable: bool = False, device: Any = None) -> None:
+        super().__init__(_UNBOUNDED if max_size is None else check_max_size(max_size), compilable=compilable)
+        self._storage: list = []
+        self.device = device
+
+    def _to_device(self, data: Any) -> Any:
+        if self.device is not None and hasattr(data, "to"):
+            return data.to(self.device)
+        return data
+
+    def _write_rows(self, start: int, data: Any) -> int:
+        """Round-robin write of a sequence of items starting at ``start`` (the writers' path)."""
+        items = self._as_items(data)
+        n = len(items)
+        cap = self.max_size
+        if start > len(self._storage):
+            raise IndexOutOfRangeError(
+                f"cannot write at {start}: a list storage grows one item at a time and holds {len(self._storage)}"
+            )
+        items = [self._to_device(item) for item in items[max(n - cap, 0) :]]
+        pos = (start + max(n - cap, 0)) % cap
+        for item in items:
+            if pos == len(self._storage):
+                self._storage.append(item)
+            else:
+                self._storage[pos] = item
+            pos = (pos + 1) % cap
+        return n
+
+    @staticmethod
+    def _as_items(data: Any) -> list:
+        if isinstance(data, (list, tuple, range)):
+            return list(data)
+        if isinstance(data, torch.Tensor) or hasattr(data, "unbind"):
+            if getattr(data, "ndim", 1) == 0:
+                raise UnsupportedDataError("cannot extend with a 0-d tensor; use add() for one item")
+            return list(data.unbind(0))
+        if isinstance(data, np.ndarray):
+            return list(data)
+        raise UnsupportedDataError(
+            f"cannot extend a ListStorage with a {type(data).__name__}: give a list, tuple, tensor or tensordict"
+        )
+
+    def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
+        """Writes one item at an int cursor, or one item per index of a sequence cursor.
+
+        Raises:
+            IndexOutOfRangeError: a cursor beyond the next free slot or the capacity.
+        """
+        if _is_int(cursor):
+            cursor = int(cursor)
+            if cursor > len(self._storage) or cursor >= self.max_size:
+                raise IndexOutOfRangeError(
+                    f"cannot write at {cursor}: the list holds {len(self._storage)} items (capacity {self.max_size})"
+                    " and grows one item at a time"
+                )
+            data = self._to_device(data)
+            if cursor == len(self._storage):
+                self._storage.append(data)
+            else:
+                self._storage[cursor] = data
+            return
+        if isinstance(cursor, slice):
+            cursor = range(len(self._storage) + len(self._as_items(data)))[cursor]
+        cursor = cursor.tolist() if isinstance(cursor, (torch.Tensor, np.ndarray)) else list(cursor)
+        items = self._as_items(data)
+        if len(items) != len(cursor):
+            raise UnsupportedDataError(f"got {len(items)} items for {len(cursor)} indices")
+        size = len(self._storage)
+        for c in cursor:
+            if c > size or c >= self.max_size:
+                raise IndexOutOfRangeError(f"cannot write at {c}: the list holds {size} items")
+            size = max(size, c + 1)
+        for c, item in zip(cursor, items):
+            self.set(c, item)
+
+    def get(self, index: Any) -> Any:
+        """Returns one item for an int, a list of items (collated by the buffer) otherwise."""
+        if not self._storage:
+            raise EmptyBufferError("cannot read from an empty storage: write data to it first")
+        n = len(self._storage)
+        if _is_int(index):
+            index = int(index)
+            if not -n <= index < n:
+                raise IndexOutOfRangeError(f"index {index} is out of range for a storage of length {n}")
+            return self._storage[index]
+        if isinstance(index, slice):
+            return self._storage[index]
+        if isinstance(index, tuple):
+            if len(index) != 1:
+                raise IndexOutOfRangeError("a ListStorage is indexed along one dimension only")
+            return self.get(index[0])
+        index = index.tolist() if isinstance(index, (torch.Tensor, np.ndarray)) else list(index)
+        for i in index:
+            if not -n <= i < n:
+                raise IndexOutOfRangeError(f"index {i} is out of range for a storage of length {n}")
+        return [self._storage[i] for i in index]
+
+    def __len__(self) -> int:
+        return len(self._storage)
+
+    def _empty(self) -> None:
+        self._storage = []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"_storage": list(self._storage)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._storage = list(state_dict["_storage"])
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(items={len(self)}, max_size={self.max_size})"
+
+
+__all__ = ["ListStorage"]

@@ -1,0 +1,549 @@
+"""Contiguous tensor storages: ``TensorStorage`` and ``LazyTensorStorage``.
+
+Each leaf of the stored data (a tensor, or every tensor of a TensorDict / tensorclass / pytree)
+is one preallocated tensor of shape ``[capacity_along_dim0, *item_shape]`` on the storage's
+device. Reads gather rows of all leaves at once (one Triton launch on CUDA, ``index_select`` per
+leaf on CPU) and wrap them back into the container the data came in.
+
+Every write is validated in full before the first byte is copied, so a bad batch leaves the
+storage exactly as it was.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from gpubuf.errors import (
+    DeviceMismatchError,
+    EmptyBufferError,
+    IndexOutOfRangeError,
+    SchemaMismatchError,
+    UnsupportedDataError,
+)
+from gpubuf.ops.gather_rows import gather_rows_trusted
+from gpubuf.storages._layout import Layout, is_tensor_collection
+from gpubuf.storages.base import Storage, check_max_size
+
+_AUTO = ("auto", None)
+
+
+def _as_device(device: Any) -> torch.device | None:
+    if device in _AUTO:
+        return None
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        # Make "cuda" comparable with tensors' devices, which always carry an ordinal.
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _stack_items(items: list) -> Any:
+    """A list of items given to ``extend`` becomes one batch (TorchRL: a list is a stack of items)."""
+    if not items:
+        raise SchemaMismatchError("cannot extend with an empty list")
+    first = items[0]
+    if isinstance(first, torch.Tensor) or is_tensor_collection(first):
+        try:
+            return torch.stack(items)
+        except (RuntimeError, TypeError, ValueError) as err:
+            raise SchemaMismatchError(f"the items of the list do not stack into one batch: {err}") from err
+    if isinstance(first, (tuple, dict)):
+        import torch.utils._pytree as pytree
+
+        flat = [pytree.tree_flatten(item) for item in items]
+        spec = flat[0][1]
+        if any(s != spec for _, s in flat):
+            raise SchemaMismatchError("the items of the list do not share one pytree structure")
+        try:
+            leaves = [torch.stack([f[0][i] for f in flat]) for i in range(len(flat[0][0]))]
+        except (RuntimeError, TypeError) as err:
+            raise SchemaMismatchError(f"the items of the list do not stack into one batch: {err}") from err
+        return pytree.tree_unflatten(leaves, spec)
+    raise UnsupportedDataError(
+        f"a tensor storage holds tensors, TensorDicts, tensorclasses or pytrees of tensors; got a list of "
+        f"{type(first).__name__}. Use ListStorage for arbitrary Python objects"
+    )
+
+
+class TensorStorage(Storage):
+    """A storage of tensors, TensorDicts, tensorclasses or pytrees of tensors, over given tensors.
+
+    Args:
+        storage: the data to use as storage (its first dimension is the capacity), or ``None``
+            for a lazily initialised subclass.
+        max_size: the capacity; inferred from ``storage`` when omitted.
+
+    Keyword Args:
+        device: where the data lives and where sampled batches are returned. ``"cpu"`` (the
+            default, as in TorchRL), ``"cuda"``, any ``torch.device``, or ``"auto"``/``None`` to
+            take it from the data. With an explicit device, batches on another device are
+            copied there on write. With ``"auto"``, the first batch fixes the device and a later
+            batch on another device raises :class:`~gpubuf.errors.DeviceMismatchError`.
+        ndim: how many leading dimensions count towards the length: a storage of shape
+            ``[3, 4]`` has capacity 3 with ``ndim=1`` and 12 with ``ndim=2``.
+        compilable: accepted for TorchRL compatibility.
+    """
+
+    def __init__(
+        self,
+        storage: Any,
+        max_size: int | None = None,
+        *,
+        device: torch.device | str | None = "cpu",
+        ndim: int = 1,
+        compilable: bool = False,
+    ) -> None:
+        if storage is None and max_size is None:
+            raise ValueError("TensorStorage needs a storage (tensor or TensorDict) or a max_size")
+        if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 1:
+            raise ValueError(f"ndim must be a positive int, got {ndim!r}")
+        self.ndim = ndim
+        self._layout: Layout | None = None
+        self._leaves: list[torch.Tensor] | None = None
+        self._flat_leaves: list[torch.Tensor] | None = None
+        self._rest_shape = torch.Size()  # dims 1..ndim-1 of the storage
+        self._len_value = 0
+        self._auto_device = device in _AUTO
+        self.device = "auto" if self._auto_device else _as_device(device)
+        if storage is not None:
+            leading = _leading_size(storage)
+            if max_size is not None and check_max_size(max_size) != leading:
+                raise ValueError(
+                    f"max_size={max_size} does not match the storage's first dimension ({leading})"
+                )
+            super().__init__(leading, compilable=compilable)
+            layout = Layout.from_batch(storage, leading=1)
+            leaves = layout.split(storage, leading=[leading], device=None)
+            if self._auto_device:
+                self.device = leaves[0].device
+            self._install(layout, [leaf.to(self.device).contiguous() for leaf in leaves])
+            self._len = self.max_size
+        else:
+            super().__init__(max_size, compilable=compilable)
+
+    # ------------------------------------------------------------------ size bookkeeping
+    @property
+    def initialized(self) -> bool:
+        return self._leaves is not None
+
+    @property
+    def _len(self) -> int:
+        return self._len_value
+
+    @_len.setter
+    def _len(self, value: int) -> None:
+        self._len_value = int(value)
+
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def _rest_numel(self) -> int:
+        return self._rest_shape.numel()
+
+    @property
+    def _len_along_dim0(self) -> int:
+        return -(-self._len // self._rest_numel)
+
+    @property
+    def _capacity_along_dim0(self) -> int:
+        return self.max_size // self._rest_numel
+
+    def _max_size_along_dim0(self, *, single_data: Any = None, batched_data: Any = None) -> int:
+        if self.initialized or self.ndim == 1:
+            return self._capacity_along_dim0
+        data = single_data if single_data is not None else batched_data
+        if data is None:
+            raise ValueError("single_data or batched_data must be passed")
+        shape = _leading_shape(data, self.ndim if batched_data is not None else self.ndim - 1)
+        rest = shape[1:] if batched_data is not None else shape
+        return -(-self.max_size // max(torch.Size(rest).numel(), 1))
+
+    @property
+    def shape(self) -> torch.Size | None:
+        if not self.initialized:
+            return None
+        return torch.Size([self._len_along_dim0, *self._rest_shape])
+
+    @property
+    def _total_shape(self) -> torch.Size | None:
+        if not self.initialized:
+            return None
+        return torch.Size([self._capacity_along_dim0, *self._rest_shape])
+
+    @property
+    def layout(self) -> Layout | None:
+        """The structure of the stored items (keys, dtypes, item shapes), once known."""
+        return self._layout
+
+    # ------------------------------------------------------------------ initialisation
+    def _install(self, layout: Layout, leaves: list[torch.Tensor]) -> None:
+        self._layout = layout
+        self._leaves = leaves
+        if self.ndim > 1:
+            self._rest_shape = leaves[0].shape[1 : self.ndim]
+            if len(self._rest_shape) != self.ndim - 1:
+                raise SchemaMismatchError(
+                    f"ndim={self.ndim} needs items with at least {self.ndim - 1} leading dims, got leaf shape "
+                    f"{list(leaves[0].shape[1:])}"
+                )
+            self.max_size = leaves[0].shape[: self.ndim].numel()
+            # Row views over all ndim batch dims, used by gathers with an index over elements.
+            self._flat_leaves = [leaf.view(-1, *leaf.shape[self.ndim :]) for leaf in leaves]
+        else:
+            self._flat_leaves = leaves
+
+    def _allocate(self, layout: Layout, device: torch.device) -> list[torch.Tensor]:
+        """Allocates one uninitialised tensor per leaf; rounds max_size up to whole dim-0 rows for ndim > 1."""
+        if self.ndim > 1:
+            rest = layout.leaves[0].shape[: self.ndim - 1]
+            if len(rest) != self.ndim - 1:
+                raise SchemaMismatchError(
+                    f"ndim={self.ndim} needs items with at least {self.ndim - 1} batch dims; got item shape "
+                    f"{list(layout.leaves[0].shape)}"
+                )
+            cap0 = -(-self.max_size // max(rest.numel(), 1))
+        else:
+            cap0 = self.max_size
+        return [torch.empty((cap0, *spec.shape), dtype=spec.dtype, device=device) for spec in layout.leaves]
+
+    def _target_device(self, leaves: Sequence[torch.Tensor]) -> torch.device:
+        if self.initialized or not self._auto_device:
+            return self.device
+        return leaves[0].device
+
+    # ------------------------------------------------------------------ writing
+    def _prepare(self, data: Any, leading: Sequence[int] | None) -> tuple[Layout, list[torch.Tensor], bool]:
+        """Validates ``data`` and returns ``(layout, leaves on the storage device, needs_init)``.
+
+        Nothing is modified; every error is raised here, before any write.
+        """
+        if isinstance(data, list) and leading is not None and len(leading) >= 1:
+            data = _stack_items(data)
+        needs_init = not self.initialized
+        if needs_init:
+            layout = Layout.from_batch(data, leading=0 if leading is None else len(leading))
+        else:
+            layout = self._layout
+        fixed_device = self.device if (self.initialized and self._auto_device) else None
+        leaves = layout.split(data, leading=leading, device=fixed_device)
+        device = self._target_device(leaves)
+        for spec, leaf in zip(layout.leaves, leaves):
+            if leaf.device.type == "meta" and device.type != "meta":
+                raise DeviceMismatchError(
+                    f"leaf {spec.key!r} is on the meta device and holds no data; expected data movable to {device}"
+                )
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise DeviceMismatchError(f"this storage's device is {device} but CUDA is not available here")
+        leaves = [leaf if leaf.device == device else leaf.to(device) for leaf in leaves]
+        return layout, leaves, needs_init
+
+    def _init_from(self, layout: Layout, leaves: list[torch.Tensor]) -> None:
+        device = leaves[0].device
+        storage = self._allocate(layout, device)
+        if self._auto_device:
+            self.device = device
+        self._install(layout, storage)
+
+    def _write_rows(self, start: int, data: Any) -> int:
+        """Writes a batch along dim 0 at rows ``start, start+1, ...`` wrapping round the capacity.
+
+        This is the round-robin writers' fast path: one or two slice copies per leaf instead of a
+        scatter. When the batch is longer than the capacity, only its last ``capacity`` rows are
+        kept (they are the ones a sequential writer would leave behind).
+
+        Returns:
+            The number of rows (along dim 0) of the batch.
+        """
+        n = _leading_size(data)
+        leading = [n, *self._rest_shape] if self.initialized else None
+        if leading is None and self.ndim > 1:
+            leading = list(_leading_shape(data, self.ndim))
+        layout, leaves, needs_init = self._prepare(data, leading if leading is not None else [n])
+        if needs_init:
+            self._init_from(layout, leaves)
+        cap0 = self._capacity_along_dim0
+        skip = max(n - cap0, 0)
+        first = (start + skip) % cap0
+        count = n - skip
+        head = min(count, cap0 - first)
+        for store, leaf in zip(self._leaves, leaves):
+            store[first : first + head].copy_(leaf[skip : skip + head])
+            if head < count:
+                store[: count - head].copy_(leaf[skip + head :])
+        self._len = min(self._len + n * self._rest_numel, self.max_size)
+        return n
+
+    def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
+        """Writes ``data`` at ``cursor``.
+
+        Args:
+            cursor: an int (one item), a slice, a sequence / array / 1-D tensor of ints (one item
+                each), or for ``ndim > 1`` a tuple of index tensors.
+            data: one item for an int cursor, else a batch whose leading dim matches the cursor.
+            set_cursor: when True (writers), the length grows by the number of items written.
+
+        Raises:
+            SchemaMismatchError, DTypeMismatchError, DeviceMismatchError, UnsupportedDataError:
+                the data does not fit; nothing is written.
+            IndexOutOfRangeError: the cursor points outside the capacity; nothing is written.
+        """
+        if isinstance(data, list):
+            data = _stack_items(data)
+        if _is_int(cursor):
+            cursor = int(cursor)
+            lead: list[int] = []
+            rows = [cursor]
+        elif isinstance(cursor, slice):
+            cap0 = self._max_size_along_dim0(batched_data=data)
+            rows = list(range(cap0))[cursor]
+            lead = [len(rows)]
+        elif isinstance(cursor, tuple):
+            index = torch.stack([torch.as_tensor(c, dtype=torch.long).reshape(-1) for c in cursor], -1)
+            rows = index[:, 0].tolist()
+            lead = [index.shape[0]]
+        else:
+            tensor = torch.as_tensor(np.asarray(cursor) if not isinstance(cursor, torch.Tensor) else cursor)
+            rows = tensor.reshape(-1).tolist()
+            lead = list(tensor.shape)
+        if self.ndim > 1:
+            rest = self._rest_shape if self.initialized else _leading_shape(data, len(lead) + self.ndim - 1)[len(lead) :]
+            lead = lead + list(rest)
+        cap0 = self._max_size_along_dim0(batched_data=data) if lead else self._max_size_along_dim0(single_data=data)
+        for row in rows:
+            if not -cap0 <= row < cap0:
+                raise IndexOutOfRangeError(f"cursor {row} is out of range for a storage of {cap0} rows along dim 0")
+        layout, leaves, needs_init = self._prepare(data, lead)
+        if needs_init:
+            self._init_from(layout, leaves)
+        if isinstance(cursor, torch.Tensor):
+            cursor = cursor.to(self._leaves[0].device, torch.long)
+        elif isinstance(cursor, tuple):
+            cursor = tuple(torch.as_tensor(c, dtype=torch.long, device=self._leaves[0].device) for c in cursor)
+        elif not isinstance(cursor, (int, slice)):
+            cursor = torch.as_tensor(np.asarray(cursor), dtype=torch.long, device=self._leaves[0].device)
+        for store, leaf in zip(self._leaves, leaves):
+            store[cursor] = leaf
+        if set_cursor:
+            self._len = min(self._len + max(len(rows), 1) * self._rest_numel, self.max_size)
+
+    # ------------------------------------------------------------------ reading
+    def _check_readable(self) -> None:
+        if not self.initialized or self._len == 0:
+            raise EmptyBufferError("cannot read from an empty storage: write data to it first")
+
+    def _gather(self, index: torch.Tensor, skip: int | None = None) -> Any:
+        """The sample path: ``index`` is a 1-D int64 tensor of in-range rows on the storage's device.
+
+        Args:
+            index: element indices, already valid (produced by a sampler).
+            skip: the position of a leaf not to gather (the buffer fills it itself), or None.
+        """
+        sources = self._flat_leaves
+        if skip is None:
+            gathered = gather_rows_trusted(sources, index)
+        else:
+            gathered = gather_rows_trusted(sources[:skip] + sources[skip + 1 :], index)
+            gathered.insert(skip, None)
+        return gathered
+
+    def _build(self, leaves: list, lead: Sequence[int], consumed: int | None = None) -> Any:
+        """Wraps leaves of shape ``[*lead, *item_shape[consumed:]]`` into the stored container.
+
+        ``consumed`` is how many item dims the leading dims replace: ``ndim - 1`` for a gather
+        over elements (the default), 0 for whole dim-0 rows.
+        """
+        layout = self._layout
+        if consumed is None:
+            consumed = self.ndim - 1
+        if layout.kind in ("tensordict", "tensorclass"):
+            item_batch = layout.item_batch[consumed:]
+            return layout.build(leaves, torch.Size([*lead, *item_batch]), self.device)
+        return layout.build(leaves, torch.Size(lead), self.device)
+
+    def _flat_index(self, index: Any) -> torch.Tensor:
+        """Turns a sampler's index (1-D tensor, or a tuple of per-dim tensors) into element rows."""
+        if isinstance(index, tuple):
+            flat = torch.zeros_like(index[0])
+            for dim, idx in enumerate(index):
+                size = self._leaves[0].shape[dim]
+                flat = flat * size + idx
+            return flat
+        return index
+
+    def get(self, index: Any) -> Any:
+        """Reads items.
+
+        Args:
+            index: an int, a slice, a sequence / array / tensor of ints, or a tuple of index
+                tensors (one per storage dim, ``ndim > 1``). Negative values count from the end of
+                the written range, as in Python.
+
+        Returns:
+            The items in the container kind of the stored data, on the storage's device. A single
+            int returns one item; anything else returns a batch.
+
+        Raises:
+            EmptyBufferError: nothing was written yet.
+            IndexOutOfRangeError: an index outside the written range.
+        """
+        self._check_readable()
+        if isinstance(index, torch.Tensor) and index.ndim == 1 and not index.dtype.is_floating_point and self.ndim == 1:
+            if index.dtype == torch.bool:
+                index = index.nonzero().squeeze(-1)
+            index = index.to(self._leaves[0].device, torch.long)
+            n = self._len
+            if index.numel():
+                lo, hi = torch.aminmax(index)
+                if int(lo) < -n or int(hi) >= n:
+                    bad = int(lo) if int(lo) < -n else int(hi)
+                    raise IndexOutOfRangeError(f"index {bad} is out of range for a storage of length {n}")
+                if int(lo) < 0:
+                    index = torch.where(index < 0, index + n, index)
+            return self._build(self._gather(index), [index.shape[0]])
+        return self._get_generic(index)
+
+    def _get_generic(self, index: Any) -> Any:
+        len0 = self._len_along_dim0
+        if _is_int(index):
+            index = int(index)
+            if not -len0 <= index < len0:
+                raise IndexOutOfRangeError(f"index {index} is out of range for a storage of length {len0}")
+        elif isinstance(index, (list, np.ndarray)):
+            index = torch.as_tensor(np.asarray(index))
+        if isinstance(index, torch.Tensor):
+            index = index.to(self._leaves[0].device)
+            if not index.dtype.is_floating_point and index.dtype != torch.bool and index.numel():
+                if int(index.max()) >= len0 or int(index.min()) < -len0:
+                    raise IndexOutOfRangeError(
+                        f"index values must lie in [{-len0}, {len0}) for a storage of length {len0}, got "
+                        f"[{int(index.min())}, {int(index.max())}]"
+                    )
+        elif isinstance(index, tuple):
+            index = tuple(i.to(self._leaves[0].device) if isinstance(i, torch.Tensor) else i for i in index)
+        leaves = [leaf[:len0][index] for leaf in self._leaves]
+        spec = self._layout.leaves[0]
+        feature_ndim = len(spec.shape) - len(self._layout.item_batch)
+        out_shape = leaves[0].shape
+        batch = out_shape[: len(out_shape) - feature_ndim]
+        if self._layout.kind in ("tensordict", "tensorclass"):
+            return self._layout.build(leaves, batch, self.device)
+        return self._layout.build(leaves, batch, self.device)
+
+    def _rand_given_ndim(self, batch_size: int) -> Any:
+        device = self._leaves[0].device if self.initialized else None
+        if self.ndim == 1:
+            return torch.randint(0, self._len, (batch_size,), generator=self._rng, device=device)
+        shape = self.shape
+        return tuple(torch.randint(0, size, (batch_size,), generator=self._rng, device=device) for size in shape)
+
+    # ------------------------------------------------------------------ misc
+    def _empty(self) -> None:
+        # The allocation and layout stay: a buffer emptied and refilled with the same structure
+        # reuses them, as in TorchRL.
+        self._len = 0
+
+    @property
+    def _storage(self) -> Any:
+        """The whole preallocated storage as one container (a view, no copy), or None before the first write."""
+        if not self.initialized:
+            return None
+        return self._build(list(self._leaves), [self._capacity_along_dim0], consumed=0)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"_storage": self._storage, "initialized": self.initialized, "_len": self._len}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        data = state_dict["_storage"]
+        if data is None:
+            self._layout = self._leaves = self._flat_leaves = None
+            self._len = 0
+            return
+        layout = Layout.from_batch(data, leading=1)
+        leaves = layout.split(data, leading=None, device=None)
+        device = leaves[0].device if self._auto_device else self.device
+        if self._auto_device:
+            self.device = device
+        self._install(layout, [leaf.to(device).clone() for leaf in leaves])
+        self._len = int(state_dict["_len"])
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(max_size={self.max_size}, len={len(self)}, device={self.device}, "
+            f"ndim={self.ndim}, layout={self._layout})"
+        )
+
+
+class LazyTensorStorage(TensorStorage):
+    """A :class:`TensorStorage` whose tensors are allocated on the first write.
+
+    The first batch fixes the structure (keys, dtypes, item shapes) of everything stored after.
+
+    Args:
+        max_size: the capacity in items (elements over the first ``ndim`` dims); must be a
+            positive int.
+
+    Keyword Args:
+        device: ``"cpu"`` (default), ``"cuda"``, a ``torch.device``, or ``"auto"``/``None`` for the
+            device of the first batch. See :class:`TensorStorage`.
+        ndim: number of leading dims that count towards the length (default 1).
+        compilable: accepted for TorchRL compatibility.
+        consolidated: accepted for TorchRL compatibility; gpubuf always keeps one contiguous
+            tensor per leaf, which is what consolidation buys in TorchRL.
+
+    Raises:
+        CapacityError: ``max_size`` is not a positive int.
+
+    Examples:
+        >>> storage = LazyTensorStorage(100)
+        >>> storage.set(range(10), TensorDict({"a": torch.randn(10, 3)}, [10]))
+        >>> len(storage)
+        10
+    """
+
+    def __init__(
+        self,
+        max_size: int,
+        *,
+        device: torch.device | str | None = "cpu",
+        ndim: int = 1,
+        compilable: bool = False,
+        consolidated: bool = False,
+    ) -> None:
+        check_max_size(max_size)
+        super().__init__(None, max_size, device=device, ndim=ndim, compilable=compilable)
+        self.consolidated = consolidated
+
+
+def _is_int(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, np.integer)):
+        return True
+    return isinstance(value, torch.Tensor) and value.ndim == 0 and not value.dtype.is_floating_point
+
+
+def _leading_shape(data: Any, count: int) -> torch.Size:
+    if is_tensor_collection(data):
+        return torch.Size(data.batch_size[:count])
+    if isinstance(data, torch.Tensor):
+        return data.shape[:count]
+    import torch.utils._pytree as pytree
+
+    leaves = [leaf for leaf in pytree.tree_leaves(data) if isinstance(leaf, torch.Tensor)]
+    if not leaves:
+        raise UnsupportedDataError(f"cannot find a tensor in {type(data).__name__}")
+    return leaves[0].shape[:count]
+
+
+def _leading_size(data: Any) -> int:
+    shape = _leading_shape(data, 1)
+    if len(shape) == 0:
+        raise SchemaMismatchError("expected a batch with a leading dimension, got a scalar item")
+    return int(shape[0])
+
+
+__all__ = ["TensorStorage", "LazyTensorStorage"]

@@ -1,0 +1,29 @@
+"""Test configuration.
+
+Triton kernels run on CPU tensors through Triton's interpreter when no GPU is present. The
+variable must be set before any kernel module (hence triton.language) is imported, which is
+why it is set here, at conftest import time, before test modules are collected.
+"""
+
+import os
+
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def kernel_device():
+    """The device the Triton kernels run on in this session: CUDA when present, else the interpreter's CPU."""
+    return torch.device("cuda") if HAS_CUDA else torch.device("cpu")
