@@ -412,6 +412,33 @@ class ReplayBuffer:
             generator.set_state(state)
             self.set_rng(generator)
 
+    def dumps(self, path: Any) -> None:
+        """Writes a pickle-free, crash-safe checkpoint of the whole buffer to directory ``path``."""
+        from gpubuf.checkpoint import dump_buffer
+
+        with self._lock:
+            dump_buffer(self, path)
+
+    def loads(self, path: Any) -> None:
+        """Restores the buffer from a checkpoint directory written by :meth:`dumps`; validated first."""
+        from gpubuf.checkpoint import load_buffer
+
+        with self._lock:
+            load_buffer(self, path)
+            self._prefetch_queue.clear()
+
+    def dump(self, path: Any) -> None:
+        """Alias of :meth:`dumps`."""
+        self.dumps(path)
+
+    def save(self, path: Any) -> None:
+        """Alias of :meth:`dumps`."""
+        self.dumps(path)
+
+    def load(self, path: Any) -> None:
+        """Alias of :meth:`loads`."""
+        self.loads(path)
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(storage={self._storage!r}, sampler={self._sampler!r}, writer={self._writer!r}, "
