@@ -1,0 +1,199 @@
+"""The torch twin of the row gather vs a brute-force loop, and the public op's argument errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpubuf.errors import (
+    BackendUnavailableError,
+    DeviceMismatchError,
+    DTypeMismatchError,
+    IndexOutOfRangeError,
+    SchemaMismatchError,
+)
+from gpubuf.ops.gather_rows import gather_rows, gather_rows_ref
+
+DTYPES = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+]
+
+
+def _brute_force(sources, index):
+    """One Python-level row copy per (source, output row)."""
+    results = []
+    for src in sources:
+        out = torch.empty((len(index), *src.shape[1:]), dtype=src.dtype)
+        for b, row in enumerate(index.tolist()):
+            out[b] = src[row]
+        results.append(out)
+    return results
+
+
+def _source(rows, trail, dtype, gen):
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (rows, *trail), generator=gen).bool()
+    if dtype.is_floating_point:
+        return torch.randn((rows, *trail), generator=gen).to(dtype)
+    info = torch.iinfo(dtype)
+    return torch.randint(max(info.min, -1000), min(info.max, 1000) + 1, (rows, *trail), generator=gen).to(dtype)
+
+
+@pytest.fixture
+def gen():
+    return torch.Generator().manual_seed(99)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("n_rows", [1, 7])
+def test_twin_matches_brute_force(dtype, n_rows, gen):
+    sources = [_source(n_rows, trail, dtype, gen) for trail in [(), (1,), (3,), (5, 7)]]
+    index = torch.randint(0, n_rows, (11,), generator=gen)
+    index[0], index[-1] = 0, n_rows - 1
+    for got, want in zip(gather_rows_ref(sources, index), _brute_force(sources, index)):
+        assert got.is_contiguous() and torch.equal(got, want)
+
+
+def test_twin_writes_into_outs_and_returns_them(gen):
+    sources = [_source(7, (3,), torch.float32, gen), _source(7, (), torch.int64, gen)]
+    index = torch.tensor([5, 5, 0, 6, 2], dtype=torch.int32)
+    outs = [torch.full((5, 3), -1.0), torch.full((5,), -1, dtype=torch.int64)]
+    got = gather_rows_ref(sources, index, outs)
+    assert got[0] is outs[0] and got[1] is outs[1]
+    for g, w in zip(got, _brute_force(sources, index)):
+        assert torch.equal(g, w)
+
+
+def test_twin_handles_non_contiguous_sources(gen):
+    base = _source(14, (4, 3), torch.float64, gen)
+    sources = [base[::2], base[:7].transpose(1, 2), base[:7, :, 1]]
+    index = torch.tensor([6, 0, 3, 3])
+    for got, want in zip(gather_rows_ref(sources, index), _brute_force(sources, index)):
+        assert torch.equal(got, want)
+
+
+def test_empty_batch(gen):
+    got = gather_rows([_source(7, (2,), torch.float32, gen)], torch.empty(0, dtype=torch.int64))
+    assert got[0].shape == (0, 2)
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_public_op_on_cpu_matches_brute_force(backend, gen):
+    sources = [_source(7, (5,), torch.bfloat16, gen), _source(7, (2, 2), torch.uint8, gen)]
+    index = torch.tensor([1, 6, 1, 0])
+    for got, want in zip(gather_rows(sources, index, backend=backend), _brute_force(sources, index)):
+        assert torch.equal(got, want)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors of the public op
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def src(gen):
+    return _source(7, (3,), torch.float32, gen)
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        torch.tensor([0.0, 1.0]),
+        torch.tensor([0, 1], dtype=torch.int16),
+        torch.tensor([True, False]),
+        torch.tensor([[0, 1]]),
+        torch.tensor(1),
+        [0, 1],
+    ],
+    ids=["float", "int16", "bool", "2-D", "0-D", "list"],
+)
+def test_bad_index_raises_type_error(src, index):
+    with pytest.raises(TypeError, match="index"):
+        gather_rows([src], index)
+
+
+def test_no_source(src):
+    with pytest.raises(ValueError, match="at least one source"):
+        gather_rows([], torch.tensor([0]))
+
+
+def test_scalar_source():
+    with pytest.raises(SchemaMismatchError, match="scalar"):
+        gather_rows([torch.tensor(1.0)], torch.tensor([0]))
+
+
+def test_sources_with_different_row_counts(src):
+    with pytest.raises(SchemaMismatchError, match="6 rows"):
+        gather_rows([src, src[:6]], torch.tensor([0]))
+
+
+def test_sources_on_different_devices(src):
+    with pytest.raises(DeviceMismatchError, match="source #1"):
+        gather_rows([src, torch.empty(7, device="meta")], torch.tensor([0]))
+
+
+def test_index_on_another_device(src):
+    with pytest.raises(DeviceMismatchError, match="index"):
+        gather_rows([src], torch.tensor([0], device="meta"))
+
+
+def test_out_of_wrong_shape_leaves_outs_untouched(src):
+    good = torch.full((2, 3), -5.0)
+    bad = torch.full((3, 3), -5.0)
+    with pytest.raises(SchemaMismatchError, match="out #1"):
+        gather_rows([src, src], torch.tensor([0, 1]), [good, bad])
+    assert bool((good == -5.0).all()) and bool((bad == -5.0).all())
+
+
+def test_out_of_wrong_dtype(src):
+    with pytest.raises(DTypeMismatchError, match="out #0"):
+        gather_rows([src], torch.tensor([0, 1]), [torch.empty(2, 3, dtype=torch.float64)])
+
+
+def test_out_on_wrong_device(src):
+    with pytest.raises(DeviceMismatchError, match="out #0"):
+        gather_rows([src], torch.tensor([0, 1]), [torch.empty(2, 3, device="meta")])
+
+
+def test_non_contiguous_out(src):
+    with pytest.raises(ValueError, match="contiguous"):
+        gather_rows([src], torch.tensor([0, 1]), [torch.empty(3, 2).t()])
+
+
+def test_wrong_number_of_outs(src):
+    with pytest.raises(ValueError, match="outputs"):
+        gather_rows([src, src], torch.tensor([0, 1]), [torch.empty(2, 3)])
+
+
+@pytest.mark.parametrize("bad", [7, -1, 100])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_out_of_range_index_raises_before_writing(src, bad, index_dtype):
+    out = torch.full((3, 3), -5.0)
+    with pytest.raises(IndexOutOfRangeError, match=str(bad)):
+        gather_rows([src], torch.tensor([0, bad, 6], dtype=index_dtype), [out])
+    assert bool((out == -5.0).all())
+
+
+def test_out_of_range_error_is_an_index_error(src):
+    with pytest.raises(IndexError):
+        gather_rows([src], torch.tensor([7]))
+
+
+def test_triton_backend_on_cpu_without_interpreter(src, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(BackendUnavailableError, match="triton"):
+        gather_rows([src], torch.tensor([0]), backend="triton")
+
+
+def test_unknown_backend(src):
+    with pytest.raises(ValueError, match="backend"):
+        gather_rows([src], torch.tensor([0]), backend="cuda")
