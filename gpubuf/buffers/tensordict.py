@@ -57,6 +57,10 @@ class TensorDictReplayBuffer(ReplayBuffer):
             )
         if len(self._transform):
             tensordicts = self._transform.inv(tensordicts)
+        else:
+            # The writer records "index" in what it writes; like TorchRL, that goes into a shallow
+            # copy so the caller's TensorDict is left as it was.
+            tensordicts = tensordicts.copy()
         if tensordicts is None:
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
         index = self._extend(tensordicts)

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import torch
 import torch.utils._pytree as pytree
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
+from tensordict.base import _is_leaf_nontensor
 
 from gpubuf.errors import (
     DeviceMismatchError,
@@ -117,7 +118,9 @@ class Layout:
         return cls(kind, specs, item_batch or torch.Size(), container_cls, treespec)
 
     # ------------------------------------------------------------------ validation
-    def split(self, data: Any, leading: Sequence[int] | None, device: torch.device | None) -> list[torch.Tensor]:
+    def split(
+        self, data: Any, leading: Sequence[int] | None, device: torch.device | None, item_offset: int = 0
+    ) -> list[torch.Tensor]:
         """Checks ``data`` against this layout and returns its leaves in layout order.
 
         Args:
@@ -126,6 +129,8 @@ class Layout:
                 ``[n]`` for a batch of n items and ``[]`` for a single item; ``None`` accepts
                 any single leading dimension and takes its size from the data.
             device: when not None, leaves must be on this device (checked, never moved here).
+            item_offset: how many leading item dims the ``leading`` dims stand for (writes of single
+                elements into an ``ndim > 1`` storage address the first dims of an item).
 
         Returns:
             The leaves, each of shape ``[*leading, *spec.shape]``, in layout order. They are the
@@ -166,18 +171,18 @@ class Layout:
         else:
             lead = torch.Size(leading)
         if item_batch is not None:
-            expected_batch = torch.Size([*lead, *self.item_batch])
+            expected_batch = torch.Size([*lead, *self.item_batch[item_offset:]])
             if item_batch != expected_batch:
                 raise SchemaMismatchError(
                     f"batch_size {list(item_batch)} does not match the storage's items: expected "
                     f"{list(expected_batch)} (leading {list(lead)} + item batch size {list(self.item_batch)})"
                 )
         for spec, tensor in zip(self.leaves, tensors):
-            expected = torch.Size([*lead, *spec.shape])
+            expected = torch.Size([*lead, *spec.shape[item_offset:]])
             if tensor.shape != expected:
                 raise SchemaMismatchError(
                     f"leaf {_fmt_key(spec.key)} has shape {list(tensor.shape)}, expected {list(expected)} "
-                    f"(leading {list(lead)} + item shape {list(spec.shape)})"
+                    f"(leading {list(lead)} + item shape {list(spec.shape[item_offset:])})"
                 )
             if tensor.dtype != spec.dtype:
                 raise DTypeMismatchError(
@@ -276,7 +281,9 @@ def _decompose(data: Any):
 def _td_leaves(td: TensorDictBase, what: str) -> tuple[tuple, list]:
     keys = []
     tensors = []
-    for key, value in td.items(include_nested=True, leaves_only=True):
+    # is_leaf makes non-tensor entries (NonTensorData) visible, so that they are refused rather
+    # than silently dropped.
+    for key, value in td.items(include_nested=True, leaves_only=True, is_leaf=_is_leaf_nontensor):
         if not isinstance(value, torch.Tensor) or is_tensor_collection(value):
             raise UnsupportedDataError(
                 f"{what} entry {key!r} is a {type(value).__name__}, expected a torch.Tensor: a tensor storage "

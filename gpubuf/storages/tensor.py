@@ -34,7 +34,7 @@ def _as_device(device: Any) -> torch.device | None:
     if device in _AUTO:
         return None
     device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
         # Make "cuda" comparable with tensors' devices, which always carry an ordinal.
         device = torch.device("cuda", torch.cuda.current_device())
     return device
@@ -216,7 +216,9 @@ class TensorStorage(Storage):
         return leaves[0].device
 
     # ------------------------------------------------------------------ writing
-    def _prepare(self, data: Any, leading: Sequence[int] | None) -> tuple[Layout, list[torch.Tensor], bool]:
+    def _prepare(
+        self, data: Any, leading: Sequence[int] | None, item_offset: int = 0
+    ) -> tuple[Layout, list[torch.Tensor], bool]:
         """Validates ``data`` and returns ``(layout, leaves on the storage device, needs_init)``.
 
         Nothing is modified; every error is raised here, before any write.
@@ -229,7 +231,7 @@ class TensorStorage(Storage):
         else:
             layout = self._layout
         fixed_device = self.device if (self.initialized and self._auto_device) else None
-        leaves = layout.split(data, leading=leading, device=fixed_device)
+        leaves = layout.split(data, leading=leading, device=fixed_device, item_offset=item_offset)
         device = self._target_device(leaves)
         for spec, leaf in zip(layout.leaves, leaves):
             if leaf.device.type == "meta" and device.type != "meta":
@@ -259,10 +261,7 @@ class TensorStorage(Storage):
             The number of rows (along dim 0) of the batch.
         """
         n = _leading_size(data)
-        leading = [n, *self._rest_shape] if self.initialized else None
-        if leading is None and self.ndim > 1:
-            leading = list(_leading_shape(data, self.ndim))
-        layout, leaves, needs_init = self._prepare(data, leading if leading is not None else [n])
+        layout, leaves, needs_init = self._prepare(data, [n])
         if needs_init:
             self._init_from(layout, leaves)
         cap0 = self._capacity_along_dim0
@@ -309,14 +308,16 @@ class TensorStorage(Storage):
             tensor = torch.as_tensor(np.asarray(cursor) if not isinstance(cursor, torch.Tensor) else cursor)
             rows = tensor.reshape(-1).tolist()
             lead = list(tensor.shape)
-        if self.ndim > 1:
-            rest = self._rest_shape if self.initialized else _leading_shape(data, len(lead) + self.ndim - 1)[len(lead) :]
-            lead = lead + list(rest)
+        # A tuple cursor addresses single elements of an ndim > 1 storage: the data then holds
+        # per-element leaves, without the storage's dims 1..ndim-1.
+        item_offset = self.ndim - 1 if isinstance(cursor, tuple) else 0
+        if item_offset and not self.initialized:
+            raise EmptyBufferError("element-wise writes need an initialised storage: extend it first")
         cap0 = self._max_size_along_dim0(batched_data=data) if lead else self._max_size_along_dim0(single_data=data)
         for row in rows:
             if not -cap0 <= row < cap0:
                 raise IndexOutOfRangeError(f"cursor {row} is out of range for a storage of {cap0} rows along dim 0")
-        layout, leaves, needs_init = self._prepare(data, lead)
+        layout, leaves, needs_init = self._prepare(data, lead, item_offset)
         if needs_init:
             self._init_from(layout, leaves)
         if isinstance(cursor, torch.Tensor):
@@ -328,7 +329,8 @@ class TensorStorage(Storage):
         for store, leaf in zip(self._leaves, leaves):
             store[cursor] = leaf
         if set_cursor:
-            self._len = min(self._len + max(len(rows), 1) * self._rest_numel, self.max_size)
+            written = len(rows) if item_offset else len(rows) * self._rest_numel
+            self._len = min(self._len + written, self.max_size)
 
     # ------------------------------------------------------------------ reading
     def _check_readable(self) -> None:

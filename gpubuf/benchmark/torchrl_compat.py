@@ -1,0 +1,114 @@
+"""TorchRL as an optional comparison: imported lazily, and every failure turned into a reason.
+
+TorchRL is not a dependency of gpubuf. It may be missing, or installed but broken (for example
+its C++ extension built against another torch, which makes some of its classes raise). The
+harness must then report TorchRL's rows as unavailable, with the reason, and carry on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+from types import ModuleType
+from typing import Any, Callable, Iterator, TypeVar
+
+T = TypeVar("T")
+
+_MODULE = "torchrl.data"
+
+
+class TorchRLUnavailable(Exception):
+    """TorchRL (or one of its parts) cannot be used here; the message says why."""
+
+
+def describe_error(err: BaseException) -> str:
+    """A one-line reason for an exception: its type and the first line of its message."""
+    message = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {message[0]}" if message else type(err).__name__
+
+
+def load_torchrl_data() -> ModuleType:
+    """Imports ``torchrl.data`` (on first call only; Python caches the module).
+
+    Returns:
+        The ``torchrl.data`` module.
+
+    Raises:
+        TorchRLUnavailable: the import failed, whatever the exception was.
+    """
+    try:
+        module = importlib.import_module(_MODULE)
+    except BaseException as err:  # a broken install can raise anything, even SystemExit from a C extension
+        if isinstance(err, KeyboardInterrupt):
+            raise
+        raise TorchRLUnavailable(f"cannot import {_MODULE}: {describe_error(err)}") from err
+    return module
+
+
+def torchrl_version() -> str | None:
+    """TorchRL's installed version from package metadata (no import), or None when not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("torchrl")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def attempt(fn: Callable[[], T], what: str) -> tuple[T | None, str | None]:
+    """Runs ``fn`` and returns ``(value, None)``, or ``(None, reason)`` when it raises.
+
+    Args:
+        fn: the construction or first call of an optional provider.
+        what: what ``fn`` does, for the reason (``"construction"``, ``"first call"``).
+    """
+    try:
+        return fn(), None
+    except KeyboardInterrupt:
+        raise
+    except TorchRLUnavailable as err:
+        return None, str(err)
+    except BaseException as err:
+        return None, f"{what} failed: {describe_error(err)}"
+
+
+@contextlib.contextmanager
+def quiet_logs() -> Iterator[None]:
+    """Raises the ``torchrl`` logger to WARNING for the duration (restored after).
+
+    TorchRL logs an INFO line to stdout on every storage initialisation, which would
+    interleave with the harness's table.
+    """
+    logger = logging.getLogger("torchrl")
+    previous = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(previous)
+
+
+def namespace() -> Any:
+    """The TorchRL classes the workloads use (``TensorDictReplayBuffer``, ``ReplayBuffer``,
+    ``LazyTensorStorage``), as attributes of ``torchrl.data``.
+
+    Raises:
+        TorchRLUnavailable: TorchRL cannot be imported, or lacks one of those classes.
+    """
+    module = load_torchrl_data()
+    for name in ("TensorDictReplayBuffer", "ReplayBuffer", "LazyTensorStorage"):
+        if not hasattr(module, name):
+            raise TorchRLUnavailable(f"{_MODULE} has no {name}")
+    return module
+
+
+__all__ = [
+    "TorchRLUnavailable",
+    "attempt",
+    "describe_error",
+    "load_torchrl_data",
+    "namespace",
+    "quiet_logs",
+    "torchrl_version",
+]

@@ -1,0 +1,264 @@
+"""The uniform-replay workload: its data, its ops, and the providers that run them.
+
+Data: ``N`` transitions ``{obs: f32[32], action: f32[4], reward: f32[1], done: bool[1],
+next_obs: f32[32]}`` (277 bytes a row). Ops: ``extend`` a chunk of rows into a full buffer of
+capacity ``N`` (round robin, so it overwrites), and ``sample`` a uniform batch of ``B`` rows.
+
+Providers run the same op on the same data:
+
+- ``gpubuf`` and ``torchrl``: ``TensorDictReplayBuffer`` (the main comparison) and plain
+  ``ReplayBuffer``, each over ``LazyTensorStorage(N)``;
+- ``raw``: the floor in plain torch, one preallocated tensor per field; extend is a slice
+  ``copy_`` per field, sample is ``randint`` + ``index_select`` per field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from tensordict import TensorDict
+
+from gpubuf.benchmark import torchrl_compat
+
+#: name -> (dtype, per-row shape), in storage order.
+FIELDS: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {
+    "obs": (torch.float32, (32,)),
+    "action": (torch.float32, (4,)),
+    "reward": (torch.float32, (1,)),
+    "done": (torch.bool, (1,)),
+    "next_obs": (torch.float32, (32,)),
+}
+
+#: Payload bytes of one row (the five fields; TensorDictReplayBuffer's extra "index" is not counted).
+ROW_BYTES = sum(dtype.itemsize * torch.Size(shape).numel() for dtype, shape in FIELDS.values())
+
+TDRB = "TensorDictReplayBuffer"
+RB = "ReplayBuffer"
+
+# Rows per extend while filling a buffer before timing: bounds the temporaries of the fill.
+_FILL_CHUNK = 100_000
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One timed operation.
+
+    Attributes:
+        kind: ``"extend"`` (write ``size`` rows) or ``"sample"`` (draw a batch of ``size`` rows).
+        size: the chunk length or the batch size.
+    """
+
+    kind: str
+    size: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("extend", "sample"):
+            raise ValueError(f"op kind must be 'extend' or 'sample', got {self.kind!r}")
+        if self.size <= 0:
+            raise ValueError(f"op size must be positive, got {self.size}")
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {'chunk' if self.kind == 'extend' else 'B'}={self.size:,}"
+
+    @property
+    def items(self) -> int:
+        """Rows handled by one call."""
+        return self.size
+
+    @property
+    def bytes_moved(self) -> int:
+        """Payload bytes read plus written by one call: every row is read once and written once."""
+        return 2 * self.size * ROW_BYTES
+
+
+def make_transitions(rows: int, device: torch.device | str = "cpu", seed: int = 0) -> TensorDict:
+    """Generates ``rows`` random transitions of the workload's schema.
+
+    Args:
+        rows: the number of rows ``N``.
+        device: where the returned TensorDict lives.
+        seed: the seed of the CPU generator used (data is generated on CPU, then moved, so every
+            device sees the same values).
+
+    Returns:
+        A TensorDict of batch size ``[rows]`` with the fields of :data:`FIELDS`.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    data = {
+        "obs": torch.randn(rows, 32, generator=gen),
+        "action": torch.rand(rows, 4, generator=gen) * 2 - 1,
+        "reward": torch.randn(rows, 1, generator=gen),
+        "done": torch.rand(rows, 1, generator=gen) < 0.01,
+        "next_obs": torch.randn(rows, 32, generator=gen),
+    }
+    return TensorDict(data, batch_size=[rows]).to(device)
+
+
+class Provider:
+    """Something that can run the workload's ops: built once over the data, then called repeatedly.
+
+    Attributes:
+        library: ``"gpubuf"``, ``"torchrl"`` or ``"raw"``.
+        buffer: the buffer class name, or None for the raw floor.
+        optional: True when a failure must be reported as "unavailable" rather than raised.
+    """
+
+    library: str = ""
+    buffer: str | None = None
+    optional: bool = False
+
+    @property
+    def label(self) -> str:
+        """A short display name."""
+        short = {TDRB: "TDRB", RB: "RB"}.get(self.buffer or "", self.buffer or "")
+        return f"{self.library} {short}".strip()
+
+    def setup(self, data: TensorDict) -> None:
+        """Builds the provider's storage and fills it with ``data`` (all ``N`` rows)."""
+        raise NotImplementedError
+
+    def make_call(self, op: OpSpec, data: TensorDict) -> Callable[[], Any]:
+        """Returns a no-argument callable doing ``op`` once; inputs are prepared here, untimed."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Releases the storage."""
+
+
+class BufferProvider(Provider):
+    """A replay buffer of gpubuf or TorchRL (same class names and arguments in both).
+
+    Args:
+        library: ``"gpubuf"`` or ``"torchrl"``.
+        buffer: ``"TensorDictReplayBuffer"`` or ``"ReplayBuffer"``.
+        classes: returns a namespace with ``LazyTensorStorage`` and the buffer class; called in
+            :meth:`setup`, so a TorchRL import error surfaces there.
+        optional: see :class:`Provider`.
+    """
+
+    def __init__(self, library: str, buffer: str, classes: Callable[[], Any], optional: bool = False) -> None:
+        self.library = library
+        self.buffer = buffer
+        self.optional = optional
+        self._classes = classes
+        self._rb: Any = None
+
+    def setup(self, data: TensorDict) -> None:
+        ns = self._classes()
+        capacity = data.batch_size[0]
+        storage = ns.LazyTensorStorage(capacity, device=data.device)
+        self._rb = getattr(ns, self.buffer)(storage=storage)
+        for start in range(0, capacity, _FILL_CHUNK):
+            self._rb.extend(self._feed(data[start : start + _FILL_CHUNK]))
+
+    def _feed(self, chunk: TensorDict) -> TensorDict:
+        # TensorDictReplayBuffer.extend writes an "index" entry into the TensorDict it is given: a
+        # shallow copy keeps that entry out of the shared data that the other providers read.
+        return chunk.clone(recurse=False)
+
+    def make_call(self, op: OpSpec, data: TensorDict) -> Callable[[], Any]:
+        rb = self._rb
+        if op.kind == "extend":
+            chunk = self._feed(data[: op.size])
+            return lambda: rb.extend(chunk)
+        size = op.size
+        return lambda: rb.sample(size)
+
+    def close(self) -> None:
+        self._rb = None
+
+
+class RawTorchProvider(Provider):
+    """The floor: one preallocated tensor per field and plain torch ops, no buffer logic."""
+
+    library = "raw"
+    buffer = None
+
+    def __init__(self) -> None:
+        self._stores: list[torch.Tensor] = []
+        self._cursor = 0
+
+    def setup(self, data: TensorDict) -> None:
+        self._stores = [data[name].clone() for name in FIELDS]
+        self._cursor = 0
+
+    def make_call(self, op: OpSpec, data: TensorDict) -> Callable[[], Any]:
+        stores = self._stores
+        capacity = stores[0].shape[0]
+        if op.kind == "extend":
+            chunk = [data[name][: op.size] for name in FIELDS]
+            return lambda: self._extend(chunk, capacity)
+        size = op.size
+        device = stores[0].device
+
+        def sample() -> list[torch.Tensor]:
+            index = torch.randint(0, capacity, (size,), device=device)
+            return [torch.index_select(store, 0, index) for store in stores]
+
+        return sample
+
+    def _extend(self, chunk: list[torch.Tensor], capacity: int) -> None:
+        start, n = self._cursor, chunk[0].shape[0]
+        head = min(n, capacity - start)
+        for store, src in zip(self._stores, chunk):
+            store[start : start + head].copy_(src[:head])
+            if head < n:
+                store[: n - head].copy_(src[head:])
+        self._cursor = (start + n) % capacity
+
+    def close(self) -> None:
+        self._stores = []
+
+
+class UnavailableProvider(Provider):
+    """A provider known to be unusable before anything runs (TorchRL missing or disabled)."""
+
+    optional = True
+
+    def __init__(self, library: str, buffer: str | None, reason: str) -> None:
+        self.library = library
+        self.buffer = buffer
+        self.reason = reason
+
+
+def _gpubuf_classes() -> Any:
+    import gpubuf
+
+    return gpubuf
+
+
+def default_providers(include_torchrl: bool = True) -> list[Provider]:
+    """The providers of the comparison, in display order.
+
+    Args:
+        include_torchrl: when False, TorchRL's providers are listed as unavailable
+            ("not requested") and TorchRL is not imported.
+    """
+    providers: list[Provider] = []
+    for buffer in (TDRB, RB):
+        providers.append(BufferProvider("gpubuf", buffer, _gpubuf_classes))
+        if include_torchrl:
+            providers.append(BufferProvider("torchrl", buffer, torchrl_compat.namespace, optional=True))
+        else:
+            providers.append(UnavailableProvider("torchrl", buffer, "not requested (--no-torchrl)"))
+        if buffer == TDRB:
+            providers.append(RawTorchProvider())
+    return providers
+
+
+__all__ = [
+    "FIELDS",
+    "ROW_BYTES",
+    "RB",
+    "TDRB",
+    "BufferProvider",
+    "OpSpec",
+    "Provider",
+    "RawTorchProvider",
+    "UnavailableProvider",
+    "default_providers",
+    "make_transitions",
+]

@@ -1,0 +1,539 @@
+"""Sum tree for prioritized sampling: batched leaf updates and prefix-sum descent.
+
+Tree shape
+----------
+A complete ``F``-ary tree (``F = fanout``, a power of two, 32 by default) over ``capacity``
+leaves, stored level by level:
+
+* ``leaves``: ``[m_{D-1} * F]`` in the tree's ``dtype`` (``float32`` or ``float64``), leaf ``i``
+  at position ``i``. It holds the transformed priority ``(p + eps) ** alpha``; a leaf never
+  written, and the padding past ``capacity``, hold ``0``.
+* ``D = depth`` internal levels, level ``0`` being the root. Level ``k`` has ``m_k`` nodes with
+  ``m_0 = 1`` and ``m_k = ceil(m_{k+1} / F)`` (``m_D = capacity``); ``D`` is the smallest
+  ``D >= 1`` with ``F ** D >= capacity`` (4 for ``capacity = 2**20``). The children of node
+  ``j`` of level ``k`` are the entries ``[j * F, (j + 1) * F)`` of level ``k + 1`` (of
+  ``leaves`` for ``k = D - 1``); level ``k >= 1`` is padded to ``m_{k-1} * F`` entries, so
+  every row of ``F`` children exists and loads need no bounds but the batch's.
+* ``sums`` and ``mins``: all internal levels of ``float64`` concatenated, level ``k`` at
+  ``level_offsets[k]``. ``sums`` holds the sum of a node's children (``0`` for padding),
+  ``mins`` the minimum over the positive leaves below the node (``+inf`` where there is none).
+  The root's ``sums`` entry is the total mass, its ``mins`` entry the smallest positive leaf.
+
+Why this shape: a wide fan-out keeps the depth at 4 for a million leaves, and one program (or
+one vectorized torch step) handles a whole row of children with a prefix-sum. Every parent is
+recomputed from its children (never updated by a delta), and internal nodes are ``float64``:
+no error accumulates across updates, the root always equals the sum of the leaves up to one
+``float64`` reduction's rounding. The minimum skips zero leaves, so unwritten slots do not count
+and ``p_min`` is the minimum over the items that can be sampled.
+
+Ops
+---
+* :func:`sumtree_update` (twin :func:`sumtree_update_ref`): set ``B`` leaves and bring their
+  ancestors up to date, ``O(B * F * D)`` work.
+* :func:`sumtree_sample` (twin :func:`sumtree_sample_ref`): ``B`` uniforms to leaf indices and
+  leaf values by descending the tree.
+* :meth:`SumTree.total`, :meth:`SumTree.min`: the root's sum and minimum, as 0-d tensors (no
+  host synchronisation).
+* :func:`sumtree_rebuild`: recompute every internal node from the leaves, ``O(capacity)``.
+* :func:`importance_weights`: ``(value / p_min) ** (-beta)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from gpubuf.errors import DeviceMismatchError, IndexOutOfRangeError, PriorityError
+from gpubuf.ops._dispatch import kernel_module, resolve_backend
+
+__all__ = [
+    "SumTree",
+    "importance_weights",
+    "sumtree_rebuild",
+    "sumtree_sample",
+    "sumtree_sample_ref",
+    "sumtree_update",
+    "sumtree_update_ref",
+    "transform_priority",
+]
+
+DEFAULT_FANOUT = 32
+_LEAF_DTYPES = (torch.float32, torch.float64)
+_INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+class SumTree:
+    """Sum and min tree over ``capacity`` leaves; see the module docstring for the layout.
+
+    Args:
+        capacity: number of leaves, ``>= 1``.
+        dtype: leaf dtype, ``torch.float32`` or ``torch.float64``. Internal nodes are always
+            ``float64``.
+        device: where every tensor of the tree lives; the ops run there.
+        fanout: children per node, a power of two ``>= 2``.
+
+    Attributes:
+        leaves, sums, mins: the tensors described in the module docstring. The ops mutate them
+            in place; read them, do not write them.
+        level_offsets: tuple of ``depth + 1`` ints, the start of each internal level in
+            ``sums``/``mins`` and (last) their length.
+        level_sizes: tuple of ``depth + 1`` ints ``m_0 .. m_D`` (``m_D = capacity``).
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        fanout: int = DEFAULT_FANOUT,
+    ) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"capacity must be a positive int, got {capacity!r}")
+        if isinstance(fanout, bool) or not isinstance(fanout, int) or fanout < 2 or fanout & (fanout - 1):
+            raise ValueError(f"fanout must be a power of two >= 2, got {fanout!r}")
+        if dtype not in _LEAF_DTYPES:
+            raise TypeError(f"leaf dtype must be torch.float32 or torch.float64, got {dtype}")
+        self.capacity = capacity
+        self.fanout = fanout
+        self.dtype = dtype
+        device = torch.device("cpu" if device is None else device)
+        sizes = [capacity]
+        while len(sizes) == 1 or sizes[-1] > 1:
+            sizes.append(-(-sizes[-1] // fanout))
+        self.level_sizes = tuple(reversed(sizes))  # m_0 = 1 .. m_D = capacity
+        self.depth = len(self.level_sizes) - 1
+        padded = [1] + [self.level_sizes[k - 1] * fanout for k in range(1, self.depth)]
+        offsets = [0]
+        for size in padded:
+            offsets.append(offsets[-1] + size)
+        self.level_offsets = tuple(offsets)
+        n_internal = offsets[-1]
+        self.leaves = torch.zeros(self.level_sizes[-2] * fanout, dtype=dtype, device=device)
+        self.sums = torch.zeros(n_internal, dtype=torch.float64, device=device)
+        self.mins = torch.full((n_internal,), math.inf, dtype=torch.float64, device=device)
+        self._offsets_tensor: torch.Tensor | None = None
+
+    # ---------------------------------------------------------------- geometry and reads
+    @property
+    def device(self) -> torch.device:
+        return self.leaves.device
+
+    def level(self, k: int, which: str = "sums") -> torch.Tensor:
+        """View of internal level ``k`` (``0 <= k < depth``, padding included) of ``sums`` or ``mins``."""
+        src = self.sums if which == "sums" else self.mins
+        return src[self.level_offsets[k] : self.level_offsets[k + 1]]
+
+    def offsets_tensor(self) -> torch.Tensor:
+        """``level_offsets`` as an ``int64`` tensor on the tree's device (cached), for kernels."""
+        if self._offsets_tensor is None or self._offsets_tensor.device != self.device:
+            self._offsets_tensor = torch.tensor(self.level_offsets, dtype=torch.int64, device=self.device)
+        return self._offsets_tensor
+
+    def total(self) -> torch.Tensor:
+        """Sum of all leaves: the root, a 0-d ``float64`` tensor view on the tree's device."""
+        return self.sums[0]
+
+    def min(self) -> torch.Tensor:
+        """Smallest positive leaf (``+inf`` if none): a 0-d ``float64`` tensor view on the tree's device."""
+        return self.mins[0]
+
+    def values(self) -> torch.Tensor:
+        """The ``capacity`` leaves (a view, leaf dtype): ``(p + eps) ** alpha`` or ``0`` if unwritten."""
+        return self.leaves[: self.capacity]
+
+    # ---------------------------------------------------------------- whole-tree helpers
+    def clone(self) -> SumTree:
+        """A deep copy on the same device."""
+        return self.to(self.device, copy=True)
+
+    def to(self, device: torch.device | str, *, copy: bool = False) -> SumTree:
+        """The same tree on ``device`` (``self`` when already there and ``copy`` is False)."""
+        device = torch.device(device)
+        if device == self.device and not copy:
+            return self
+        out = SumTree.__new__(SumTree)
+        out.__dict__.update(self.__dict__)
+        out.leaves = self.leaves.to(device, copy=True)
+        out.sums = self.sums.to(device, copy=True)
+        out.mins = self.mins.to(device, copy=True)
+        out._offsets_tensor = None
+        return out
+
+    def fill_(self, values: torch.Tensor) -> SumTree:
+        """Sets all ``capacity`` leaves to ``values`` (already transformed) and rebuilds; in place.
+
+        Args:
+            values: ``[capacity]`` non-negative finite floats, any device (copied over).
+        """
+        values = torch.as_tensor(values)
+        if values.shape != (self.capacity,):
+            raise PriorityError(f"expected {self.capacity} leaf values, got shape {list(values.shape)}")
+        if not bool(torch.isfinite(values).all()) or bool((values < 0).any()):
+            raise PriorityError("leaf values must be finite and non-negative")
+        self.leaves[: self.capacity] = values.to(device=self.device, dtype=self.dtype)
+        return sumtree_rebuild(self)
+
+    def clear_(self) -> SumTree:
+        """Sets every leaf to 0 (nothing can be sampled); in place."""
+        self.leaves.zero_()
+        self.sums.zero_()
+        self.mins.fill_(math.inf)
+        return self
+
+    def state_dict(self) -> dict[str, Any]:
+        """The leaves (a CPU copy) and the shape; internal nodes are rebuilt on load."""
+        return {
+            "capacity": self.capacity,
+            "fanout": self.fanout,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "leaves": self.values().detach().to("cpu", copy=True),
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any], device: torch.device | str | None = None) -> SumTree:
+        """Rebuilds a tree saved by :meth:`state_dict` on ``device``."""
+        tree = cls(
+            int(state["capacity"]),
+            dtype=getattr(torch, state["dtype"]),
+            device=device,
+            fanout=int(state["fanout"]),
+        )
+        return tree.fill_(state["leaves"])
+
+    def __repr__(self) -> str:
+        return (
+            f"SumTree(capacity={self.capacity}, fanout={self.fanout}, depth={self.depth}, "
+            f"dtype={self.dtype}, device={self.device})"
+        )
+
+
+# -------------------------------------------------------------------- shared torch helpers
+def transform_priority(priority: torch.Tensor, alpha: float, eps: float, dtype: torch.dtype) -> torch.Tensor:
+    """``(priority + eps) ** alpha`` computed in ``float64`` and cast to the leaf ``dtype``."""
+    return torch.pow(priority.to(torch.float64) + eps, alpha).to(dtype)
+
+
+def importance_weights(value: torch.Tensor, p_min: torch.Tensor | float, beta: float) -> torch.Tensor:
+    """Importance-sampling weights ``(value / p_min) ** (-beta)`` (TorchRL's formula).
+
+    Args:
+        value: sampled leaf values ``(p_i + eps) ** alpha``, any float dtype; the result has it.
+        p_min: the smallest leaf over the buffer (:meth:`SumTree.min`), a number or 0-d tensor.
+        beta: the importance exponent.
+    """
+    ratio = value.to(torch.float64) / p_min
+    return torch.pow(ratio, -beta).to(value.dtype)
+
+
+def _last_wins_ref(index: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drops negative indices and all but the last occurrence of each index; sorted output."""
+    keep = index >= 0
+    if not bool(keep.all()):
+        index, values = index[keep], values[keep]
+    if index.numel() <= 1:
+        return index, values
+    sorted_index, perm = torch.sort(index, stable=True)
+    # Stable sort keeps equal indices in call order, so the last of each run is the last write.
+    last = torch.ones_like(sorted_index, dtype=torch.bool)
+    torch.ne(sorted_index[1:], sorted_index[:-1], out=last[:-1])
+    if bool(last.all()):
+        return sorted_index, values[perm]
+    return sorted_index[last], values[perm[last]]
+
+
+def _refresh_level_ref(tree: SumTree, k: int, nodes: torch.Tensor) -> None:
+    """Recomputes ``sums``/``mins`` of ``nodes`` (unique) of internal level ``k`` from their children."""
+    f = tree.fanout
+    off = tree.level_offsets[k]
+    if k == tree.depth - 1:
+        rows = tree.leaves.view(-1, f).index_select(0, nodes).to(torch.float64)
+        sums = rows.sum(1)
+        rows.masked_fill_(rows <= 0, math.inf)
+        mins = rows.amin(1)
+    else:
+        child_off, child_end = tree.level_offsets[k + 1], tree.level_offsets[k + 2]
+        sums = tree.sums[child_off:child_end].view(-1, f).index_select(0, nodes).sum(1)
+        mins = tree.mins[child_off:child_end].view(-1, f).index_select(0, nodes).amin(1)
+    tree.sums.index_copy_(0, nodes + off, sums)
+    tree.mins.index_copy_(0, nodes + off, mins)
+
+
+# -------------------------------------------------------------------- update
+def sumtree_update_ref(
+    tree: SumTree,
+    index: torch.Tensor,
+    priority: torch.Tensor,
+    *,
+    alpha: float = 1.0,
+    eps: float = 0.0,
+) -> SumTree:
+    """Pure-torch twin of the batched update; the op's specification.
+
+    Sets leaf ``index[b]`` to ``(priority[b] + eps) ** alpha`` (computed in ``float64``, stored in
+    the leaf dtype) and recomputes, from their children, the sum and min of every ancestor of
+    the leaves written. Nodes outside those paths are not touched: ``O(B * fanout * depth)`` work.
+
+    Duplicates: when an index appears several times, the last occurrence in ``index`` wins, as if
+    the writes were applied one after another. Negative indices are ignored, together with
+    their priorities.
+
+    Args:
+        tree: the tree, mutated in place (``leaves``, ``sums``, ``mins``).
+        index: integer tensor of ``B`` leaf indices (0-d or 1-D) in ``[0, capacity)`` or
+            negative, on the tree's device.
+        priority: ``B`` raw priorities (any real dtype and shape with ``B`` elements) or a single
+            one for all, finite and ``>= 0``, on the tree's device.
+        alpha, eps: the transform's exponent and offset.
+
+    Returns:
+        ``tree``.
+
+    This twin trusts its input; :func:`sumtree_update` validates first.
+    """
+    index = index.reshape(-1)
+    values = transform_priority(priority.reshape(-1), alpha, eps, tree.dtype)
+    return _apply_ref(tree, index, values)
+
+
+def _apply_ref(tree: SumTree, index: torch.Tensor, values: torch.Tensor) -> SumTree:
+    index = index.to(torch.int64)
+    if values.numel() == 1 and index.numel() != 1:
+        values = values.expand(index.numel())
+    index, values = _last_wins_ref(index, values)
+    if index.numel() == 0:
+        return tree
+    tree.leaves.index_copy_(0, index, values)
+    nodes = index
+    for k in range(tree.depth - 1, -1, -1):
+        # Sorted leaves keep their ancestors sorted, so unique_consecutive dedupes them.
+        nodes = torch.unique_consecutive(torch.div(nodes, tree.fanout, rounding_mode="floor"))
+        _refresh_level_ref(tree, k, nodes)
+    return tree
+
+
+def _validate_update(
+    tree: SumTree, index: Any, priority: Any, alpha: float, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checks types, devices and shapes; returns 1-D ``index`` and ``priority``."""
+    if not isinstance(index, torch.Tensor) or index.dtype not in _INDEX_DTYPES or index.ndim > 1:
+        desc = (
+            f"{index.dtype} of shape {list(index.shape)}" if isinstance(index, torch.Tensor) else type(index).__name__
+        )
+        raise TypeError(f"index must be a 0-d or 1-D integer tensor, got {desc}")
+    if not isinstance(priority, torch.Tensor):
+        raise TypeError(f"priority must be a tensor, got {type(priority).__name__}")
+    if priority.dtype.is_complex or priority.dtype == torch.bool:
+        raise PriorityError(f"priority must be real, got {priority.dtype}")
+    if index.device != tree.device or priority.device != tree.device:
+        raise DeviceMismatchError(
+            f"index ({index.device}) and priority ({priority.device}) must be on the tree's device {tree.device}"
+        )
+    if not (math.isfinite(alpha) and alpha >= 0):
+        raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
+    if not (math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"eps must be finite and >= 0, got {eps}")
+    index = index.reshape(-1)
+    if priority.numel() != 1 and priority.numel() != index.numel():
+        raise PriorityError(
+            f"priority of shape {list(priority.shape)} does not match index of shape {list(index.shape)}: "
+            "expected one priority per index or a single one"
+        )
+    return index, priority.reshape(-1)
+
+
+def _check_values(tree: SumTree, index: torch.Tensor, priority: torch.Tensor, values: torch.Tensor) -> None:
+    """Raises on bad priorities or indices; one host synchronisation for all the checks."""
+    if priority.numel() == 0:
+        return
+    p = priority if priority.dtype.is_floating_point else priority.to(torch.float64)
+    checks = [(~torch.isfinite(p)).any(), (p < 0).any(), (~torch.isfinite(values)).any()]
+    if index.numel():
+        checks.append((index >= tree.capacity).any())
+    flags = torch.stack(checks).tolist()
+    if flags[0]:
+        raise PriorityError("priority contains NaN or infinite values")
+    if flags[1]:
+        raise PriorityError("priority contains negative values")
+    if flags[2]:
+        raise PriorityError(f"(priority + eps) ** alpha overflows {tree.dtype}")
+    if len(flags) > 3 and flags[3]:
+        raise IndexOutOfRangeError(
+            f"index {int(index.max())} is out of range for a priority tree of capacity {tree.capacity} "
+            f"(expected 0 <= index < {tree.capacity}, or negative to skip)"
+        )
+
+
+def sumtree_update(
+    tree: SumTree,
+    index: torch.Tensor,
+    priority: torch.Tensor,
+    *,
+    alpha: float = 1.0,
+    eps: float = 0.0,
+    validate: bool = True,
+    backend: str = "auto",
+) -> SumTree:
+    """Batched update; see :func:`sumtree_update_ref` for the specification.
+
+    CUDA trees go to Triton: the last-wins dedupe is a stable sort in torch (no host
+    synchronisation), then one launch writes the leaves and one launch per level refreshes the
+    ancestors, so duplicates resolve the same way on every run. CPU trees go to the torch twin.
+
+    Args:
+        tree, index, priority, alpha, eps: as in :func:`sumtree_update_ref`.
+        validate: check priorities and indices first (one host synchronisation on CUDA). With
+            ``False`` the caller guarantees valid input.
+        backend: ``"auto"`` (by device), ``"torch"`` or ``"triton"``.
+
+    Raises:
+        TypeError: ``index`` or ``priority`` is not a tensor of a suitable dtype.
+        DeviceMismatchError: a tensor is not on the tree's device.
+        PriorityError: a NaN, infinite or negative priority, one whose transform overflows the
+            leaf dtype, or a priority count that is neither 1 nor ``B``.
+        IndexOutOfRangeError: an index ``>= capacity``.
+        ValueError: ``alpha`` or ``eps`` negative or not finite.
+
+        On any of these the tree is unchanged.
+    """
+    index, priority = _validate_update(tree, index, priority, alpha, eps)
+    which = resolve_backend(tree.leaves, backend)
+    values = transform_priority(priority, alpha, eps, tree.dtype)
+    if validate:
+        _check_values(tree, index, priority, values)
+    if which == "triton":
+        if values.numel() == 1 and index.numel() != 1:
+            values = values.expand(index.numel())
+        kernel_module("sumtree").sumtree_update_triton(tree, index.to(torch.int64), values.contiguous())
+        return tree
+    return _apply_ref(tree, index, values)
+
+
+def sumtree_rebuild(tree: SumTree) -> SumTree:
+    """Recomputes every internal node from the leaves, level by level; ``O(capacity)``, in place.
+
+    Plain torch reductions, on whatever device the tree lives. Used after rewriting all leaves
+    (a new ``alpha``, a loaded checkpoint).
+    """
+    f = tree.fanout
+    child = tree.leaves.to(torch.float64).view(-1, f)
+    sums = child.sum(1)
+    mins = child.masked_fill(child <= 0, math.inf).amin(1)
+    for k in range(tree.depth - 1, -1, -1):
+        tree.level(k, "sums")[: sums.numel()] = sums
+        tree.level(k, "mins")[: mins.numel()] = mins
+        if k:
+            sums = tree.level(k, "sums").view(-1, f).sum(1)
+            mins = tree.level(k, "mins").view(-1, f).amin(1)
+    return tree
+
+
+# -------------------------------------------------------------------- sampling
+def _descend_ref(tree: SumTree, mass: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    f = tree.fanout
+    node = torch.zeros(mass.numel(), dtype=torch.int64, device=mass.device)
+    # A sequential cumsum (torch on CPU) never decreases, so the first child whose prefix
+    # exceeds the mass has a positive value. A parallel scan (torch on CUDA) may round two equal
+    # prefixes differently, so there the chosen child is checked as well.
+    check_zero = mass.device.type != "cpu"
+    for k in range(1, tree.depth + 1):
+        if k == tree.depth:
+            rows = tree.leaves.view(-1, f).index_select(0, node).to(torch.float64)
+        else:
+            level = tree.sums[tree.level_offsets[k] : tree.level_offsets[k + 1]]
+            rows = level.view(-1, f).index_select(0, node)
+        csum = rows.cumsum(1)
+        child = (csum <= mass[:, None]).sum(1)
+        bad = child >= f
+        if check_zero:
+            bad |= rows.gather(1, child.clamp_max(f - 1)[:, None]).squeeze(1) <= 0
+        if bool(bad.any()):
+            child = child.masked_scatter(bad, _fallback_child(rows[bad], child[bad]))
+        prev = csum.gather(1, (child - 1).clamp_min(0)[:, None]).squeeze(1)
+        mass = mass - torch.where(child > 0, prev, torch.zeros_like(prev))
+        node = node * f + child
+    return node, tree.leaves.index_select(0, node)
+
+
+def _fallback_child(rows: torch.Tensor, child: torch.Tensor) -> torch.Tensor:
+    """The first positive child at or after ``child``, else the last positive one, else 0.
+
+    Reached only through rounding: the mass landed at or past a row's total, or (parallel scans)
+    on a prefix that did not grow.
+    """
+    f = rows.shape[1]
+    cols = torch.arange(f, device=rows.device).expand_as(rows)
+    positive = rows > 0
+    after = torch.where(positive & (cols >= child[:, None]), cols, f).amin(1)
+    last = torch.where(positive, cols, 0).amax(1)
+    return torch.where(after < f, after, last)
+
+
+def _masses(tree: SumTree, uniforms: torch.Tensor, stratified: bool) -> torch.Tensor:
+    total = tree.total()
+    if stratified:
+        b = uniforms.numel()
+        return (uniforms + torch.arange(b, dtype=torch.float64, device=uniforms.device)) * (total / b)
+    return uniforms * total
+
+
+def sumtree_sample_ref(
+    tree: SumTree,
+    uniforms: torch.Tensor,
+    *,
+    stratified: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pure-torch twin of prefix-sum sampling; the op's specification.
+
+    Mass ``b`` is ``uniforms[b] * total`` (i.i.d., TorchRL's scheme) or, with ``stratified``,
+    ``(uniforms[b] + b) * (total / B)`` (one draw in each of ``B`` equal slices of the total).
+    Each mass descends from the root: at each node, the first child whose inclusive prefix sum
+    over the node's children exceeds the remaining mass is taken, and the exclusive prefix is
+    subtracted. If rounding leaves the mass at or past a row's total, the last positive child is
+    taken. A leaf of value 0 is never returned while the total is positive; with a total of 0
+    (nothing written) index 0 and value 0 come back.
+
+    Args:
+        tree: the tree; only read.
+        uniforms: 1-D ``float64`` tensor of ``B`` draws in ``[0, 1)`` on the tree's device (from
+            ``torch.rand(B, dtype=torch.float64, generator=...)``), so the twin and the kernel
+            see the same draws.
+        stratified: the mass scheme above.
+
+    Returns:
+        ``(index, value)``: ``int64`` leaf indices ``[B]`` in ``[0, capacity)`` and their leaf
+        values ``[B]`` in the leaf dtype, on the tree's device.
+    """
+    mass = _masses(tree, uniforms.reshape(-1).to(torch.float64), stratified)
+    return _descend_ref(tree, mass)
+
+
+def sumtree_sample(
+    tree: SumTree,
+    uniforms: torch.Tensor,
+    *,
+    stratified: bool = False,
+    backend: str = "auto",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prefix-sum sampling; see :func:`sumtree_sample_ref` for the specification.
+
+    CUDA trees go to one Triton launch; CPU trees to the torch twin. Nothing is synchronised.
+
+    Args:
+        tree, uniforms, stratified: as in :func:`sumtree_sample_ref`.
+        backend: ``"auto"`` (by device), ``"torch"`` or ``"triton"``.
+
+    Raises:
+        TypeError: ``uniforms`` is not a 1-D floating tensor.
+        DeviceMismatchError: ``uniforms`` is not on the tree's device.
+    """
+    if not isinstance(uniforms, torch.Tensor) or not uniforms.dtype.is_floating_point or uniforms.ndim != 1:
+        raise TypeError("uniforms must be a 1-D floating tensor of draws in [0, 1)")
+    if uniforms.device != tree.device:
+        raise DeviceMismatchError(f"uniforms are on {uniforms.device}, the tree on {tree.device}")
+    which = resolve_backend(tree.leaves, backend)
+    if which == "triton":
+        return kernel_module("sumtree").sumtree_sample_triton(tree, uniforms.to(torch.float64), stratified=stratified)
+    return sumtree_sample_ref(tree, uniforms, stratified=stratified)

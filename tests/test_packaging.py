@@ -1,0 +1,72 @@
+"""Packaging guards: no top-level ``kernels`` module, and ``import gpubuf`` needs neither GPU nor Triton."""
+
+import glob
+import pathlib
+import subprocess
+import sys
+import zipfile
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_kernels_folder_is_not_a_package():
+    # A top-level "kernels" package would shadow Hugging Face's `kernels`, which transformers imports.
+    assert not (ROOT / "kernels" / "__init__.py").exists()
+    assert (ROOT / "kernels" / "gpubuf_kernels" / "__init__.py").exists()
+
+
+def test_kernel_package_imports_as_gpubuf_kernels():
+    import gpubuf_kernels
+
+    assert pathlib.Path(gpubuf_kernels.__file__).resolve().parent == ROOT / "kernels" / "gpubuf_kernels"
+
+
+def test_wheel_ships_gpubuf_and_gpubuf_kernels_only(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = glob.glob(str(tmp_path / "gpubuf-*.whl"))
+    top = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
+    top = {name for name in top if not name.endswith(".dist-info")}
+    assert top == {"gpubuf", "gpubuf_kernels"}
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "gpubuf_kernels/gather.py" in names
+
+
+BLOCK_TRITON = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ImportError("triton is blocked in this test")
+sys.meta_path.insert(0, Block())
+import torch
+import gpubuf
+assert "gpubuf_kernels" not in sys.modules, "import gpubuf imported the kernels"
+assert "triton" not in sys.modules
+rb = gpubuf.ReplayBuffer(storage=gpubuf.LazyTensorStorage(16), batch_size=4)
+rb.extend(torch.arange(10.0))
+batch = rb.sample()
+assert batch.shape == (4,)
+print("ok")
+"""
+
+
+def test_import_gpubuf_without_triton_or_gpu():
+    env = {"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "-c", BLOCK_TRITON], capture_output=True, text=True, env=env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("name", ["ReplayBuffer", "TensorDictReplayBuffer", "LazyTensorStorage", "TensorStorage",
+                                  "ListStorage", "RandomSampler", "SamplerWithoutReplacement", "RoundRobinWriter",
+                                  "TensorDictRoundRobinWriter"])
+def test_public_names(name):
+    import gpubuf
+
+    assert hasattr(gpubuf, name)
