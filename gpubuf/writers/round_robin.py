@@ -53,6 +53,9 @@ class RoundRobinWriter(Writer):
     @staticmethod
     def _index(start: int, n: int, cap0: int, data: Any) -> torch.Tensor:
         device = getattr(data, "device", None) or "cpu"
+        if start + n <= cap0:
+            # No wrap: a plain arange, without the modulo pass over the whole index.
+            return torch.arange(start, start + n, dtype=torch.long, device=device)
         return torch.arange(start, start + n, dtype=torch.long, device=device) % cap0
 
     def _write(self, start: int, index: torch.Tensor, data: Any) -> None:
