@@ -433,42 +433,55 @@ def sumtree_rebuild(tree: SumTree) -> SumTree:
 # -------------------------------------------------------------------- sampling
 def _descend_ref(tree: SumTree, mass: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     f = tree.fanout
-    node = torch.zeros(mass.numel(), dtype=torch.int64, device=mass.device)
-    # A sequential cumsum (torch on CPU) never decreases, so the first child whose prefix
-    # exceeds the mass has a positive value. A parallel scan (torch on CUDA) may round two equal
-    # prefixes differently, so there the chosen child is checked as well.
-    check_zero = mass.device.type != "cpu"
+    b = mass.numel()
+    start = mass
+    node = torch.zeros(b, dtype=torch.int64, device=mass.device)
+    overshoot = torch.zeros(b, dtype=torch.bool, device=mass.device)
+    # Column 0 stays 0, so gathering column `child` reads the exclusive prefix (exactly the
+    # value the comparison used) and needs no special case for child 0.
+    prefix = torch.zeros(b, f + 1, dtype=torch.float64, device=mass.device)
     for k in range(1, tree.depth + 1):
-        if k == tree.depth:
-            rows = tree.leaves.view(-1, f).index_select(0, node).to(torch.float64)
-        else:
-            level = tree.sums[tree.level_offsets[k] : tree.level_offsets[k + 1]]
-            rows = level.view(-1, f).index_select(0, node)
-        csum = rows.cumsum(1)
-        child = (csum <= mass[:, None]).sum(1)
-        bad = child >= f
-        if check_zero:
-            bad |= rows.gather(1, child.clamp_max(f - 1)[:, None]).squeeze(1) <= 0
-        if bool(bad.any()):
-            child = child.masked_scatter(bad, _fallback_child(rows[bad], child[bad]))
-        prev = csum.gather(1, (child - 1).clamp_min(0)[:, None]).squeeze(1)
-        mass = mass - torch.where(child > 0, prev, torch.zeros_like(prev))
+        rows = tree.leaves if k == tree.depth else tree.level(k)
+        # A node past the level's real ones (reached only by an overshooting draw, redone
+        # below) is clamped so that the row read stays in bounds.
+        rows = rows.view(-1, f).index_select(0, node.clamp_max_(tree.level_sizes[k - 1] - 1))
+        torch.cumsum(rows, 1, dtype=torch.float64, out=prefix[:, 1:])
+        child = (prefix[:, 1:] <= mass[:, None]).sum(1)
+        overshoot |= child == f
+        child.clamp_max_(f - 1)
+        mass = mass - prefix.gather(1, child[:, None]).squeeze(1)
         node = node * f + child
-    return node, tree.leaves.index_select(0, node)
+    value = tree.leaves.index_select(0, node)
+    # On this fast path the first child whose prefix exceeds the mass has a positive value (a
+    # sequential cumsum never decreases). Rounding can leave a mass at or past a row's total
+    # (an overshoot), and a parallel scan (torch on CUDA) can round two equal prefixes apart
+    # so that a zero child is taken. Those rare draws are redone with the full rule.
+    redo = overshoot | (value <= 0)
+    if bool(redo.any()):
+        node = node.masked_scatter(redo, _descend_checked_ref(tree, start[redo]))
+        value = tree.leaves.index_select(0, node)
+    return node, value
 
 
-def _fallback_child(rows: torch.Tensor, child: torch.Tensor) -> torch.Tensor:
-    """The first positive child at or after ``child``, else the last positive one, else 0.
-
-    Reached only through rounding: the mass landed at or past a row's total, or (parallel scans)
-    on a prefix that did not grow.
-    """
-    f = rows.shape[1]
-    cols = torch.arange(f, device=rows.device).expand_as(rows)
-    positive = rows > 0
-    after = torch.where(positive & (cols >= child[:, None]), cols, f).amin(1)
-    last = torch.where(positive, cols, 0).amax(1)
-    return torch.where(after < f, after, last)
+def _descend_checked_ref(tree: SumTree, mass: torch.Tensor) -> torch.Tensor:
+    """The descent with the full child rule at every level (the rule the Triton kernel applies)."""
+    f = tree.fanout
+    node = torch.zeros(mass.numel(), dtype=torch.int64, device=mass.device)
+    cols = torch.arange(f, device=mass.device)
+    for k in range(1, tree.depth + 1):
+        rows = tree.leaves if k == tree.depth else tree.level(k)
+        rows = rows.view(-1, f).index_select(0, node).to(torch.float64)
+        csum = rows.cumsum(1)
+        first = (csum <= mass[:, None]).sum(1)
+        # The first positive child at or after `first`, else the last positive child, else 0.
+        positive = rows > 0
+        after = torch.where(positive & (cols >= first[:, None]), cols, f).amin(1)
+        last = torch.where(positive, cols, 0).amax(1)
+        child = torch.where(after < f, after, last)
+        prev = torch.where(cols < child[:, None], csum, 0.0).amax(1)
+        mass = mass - prev
+        node = node * f + child
+    return node
 
 
 def _masses(tree: SumTree, uniforms: torch.Tensor, stratified: bool) -> torch.Tensor:
@@ -489,11 +502,12 @@ def sumtree_sample_ref(
 
     Mass ``b`` is ``uniforms[b] * total`` (i.i.d., TorchRL's scheme) or, with ``stratified``,
     ``(uniforms[b] + b) * (total / B)`` (one draw in each of ``B`` equal slices of the total).
-    Each mass descends from the root: at each node, the first child whose inclusive prefix sum
-    over the node's children exceeds the remaining mass is taken, and the exclusive prefix is
-    subtracted. If rounding leaves the mass at or past a row's total, the last positive child is
-    taken. A leaf of value 0 is never returned while the total is positive; with a total of 0
-    (nothing written) index 0 and value 0 come back.
+    Each mass descends from the root. At each node, with ``csum`` the inclusive prefix sums
+    (``float64``) over the node's children and ``first = #{c : csum[c] <= mass}``, the child
+    taken is the first positive child at or after ``first``, else (the mass reached the row's
+    total through rounding) the last positive child; its exclusive prefix ``csum[child - 1]``
+    is subtracted from the mass. A leaf of value 0 is therefore never returned while the total
+    is positive; with a total of 0 (nothing written) index 0 and value 0 come back.
 
     Args:
         tree: the tree; only read.

@@ -7,7 +7,7 @@ stays opt-in, so these are what every launch uses unless a caller overrides them
 
 from __future__ import annotations
 
-__all__ = ["GATHER_ROWS"]
+__all__ = ["GATHER_ROWS", "SUMTREE"]
 
 # Row gather (gather.py). A program copies a tile of BLOCK_ROWS output rows by BLOCK_BYTES bytes
 # of one source per inner-loop step, so one step moves up to BLOCK_ROWS * BLOCK_BYTES bytes
@@ -19,5 +19,18 @@ __all__ = ["GATHER_ROWS"]
 GATHER_ROWS = {
     "BLOCK_ROWS": 16,
     "BLOCK_BYTES": 1024,
+    "num_warps": 4,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Sum tree (sumtree.py). Every program handles BLOCK entries times FANOUT children (the tree's
+# fan-out, 32 by default), so a refresh or sample program holds a [BLOCK, FANOUT] float64 tile:
+# 64 x 32 x 8 bytes = 16 KiB with num_warps=4. LEAF_BLOCK is the plain leaf scatter's width. All
+# must be powers of two; the tests size batches around them through the launchers' `block=`.
+SUMTREE = {
+    "LEAF_BLOCK": 256,
+    "REFRESH_BLOCK": 64,
+    "SAMPLE_BLOCK": 64,
     "num_warps": 4,
 }

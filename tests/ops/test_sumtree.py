@@ -1,0 +1,475 @@
+"""Sum-tree twins vs brute force: updates, duplicates, sampling, the minimum, drift, bad input.
+
+Oracles are independent of the tree: a Python list of leaves written one by one, float64 sums
+over leaf ranges, ``searchsorted`` over a flat float64 prefix sum. Integer-valued priorities
+(with ``alpha=1, eps=0``) keep every sum exact, so those comparisons are ``torch.equal``.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gpubuf.errors import DeviceMismatchError, IndexOutOfRangeError, PriorityError
+from gpubuf.ops.sumtree import (
+    SumTree,
+    importance_weights,
+    sumtree_rebuild,
+    sumtree_sample,
+    sumtree_sample_ref,
+    sumtree_update,
+    sumtree_update_ref,
+    transform_priority,
+)
+
+SHAPES = [(1, 32), (7, 4), (16, 4), (17, 4), (64, 8), (65, 8), (1000, 4), (1025, 32), (4096, 16)]
+
+
+def _brute_internal(tree: SumTree) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every internal node's sum and positive-min computed straight from the leaf range it covers."""
+    leaves = tree.leaves.to(torch.float64)
+    sums = torch.zeros_like(tree.sums)
+    mins = torch.full_like(tree.mins, math.inf)
+    for k in range(tree.depth):
+        span = tree.fanout ** (tree.depth - k)
+        for j in range(tree.level_sizes[k]):
+            block = leaves[j * span : (j + 1) * span]
+            sums[tree.level_offsets[k] + j] = block.sum()
+            pos = block[block > 0]
+            if pos.numel():
+                mins[tree.level_offsets[k] + j] = pos.min()
+    return sums, mins
+
+
+def _apply_sequential(leaves: list[float], index, priority, alpha=1.0, eps=0.0) -> None:
+    for i, p in zip(index.tolist(), priority.tolist()):
+        if i >= 0:
+            leaves[i] = (p + eps) ** alpha
+
+
+def _brute_sample(leaves: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+    csum = leaves.to(torch.float64).cumsum(0)
+    return torch.searchsorted(csum, mass, right=True)
+
+
+# ------------------------------------------------------------------------------ geometry
+@pytest.mark.parametrize("capacity,fanout", SHAPES + [(2**20, 32), (2**20, 64), (2**20, 16)])
+def test_geometry(capacity, fanout):
+    tree = SumTree(capacity, fanout=fanout)
+    assert tree.level_sizes[0] == 1 and tree.level_sizes[-1] == capacity
+    assert fanout**tree.depth >= capacity and (tree.depth == 1 or fanout ** (tree.depth - 1) < capacity)
+    for k in range(1, tree.depth + 1):
+        assert tree.level_sizes[k - 1] == -(-tree.level_sizes[k] // fanout)
+    assert tree.leaves.numel() == tree.level_sizes[-2] * fanout >= capacity
+    assert tree.sums.dtype == tree.mins.dtype == torch.float64
+    assert tree.total().item() == 0 and tree.min().item() == math.inf
+    if capacity == 2**20 and fanout == 32:
+        assert tree.depth == 4
+
+
+def test_constructor_rejects_bad_shapes():
+    with pytest.raises(ValueError):
+        SumTree(0)
+    with pytest.raises(ValueError):
+        SumTree(10, fanout=6)
+    with pytest.raises(TypeError):
+        SumTree(10, dtype=torch.float16)
+
+
+# ------------------------------------------------------------------------------ update
+@pytest.mark.parametrize("capacity,fanout", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_update_matches_brute_force(capacity, fanout, dtype):
+    gen = torch.Generator().manual_seed(capacity * 31 + fanout)
+    tree = SumTree(capacity, fanout=fanout, dtype=dtype)
+    leaves = [0.0] * capacity
+    for _ in range(5):
+        b = int(torch.randint(1, 3 * capacity + 2, (1,), generator=gen))
+        # Negative and duplicate indices on purpose.
+        index = torch.randint(-3, capacity, (b,), generator=gen)
+        priority = torch.randint(0, 50, (b,), generator=gen).to(torch.float64)
+        sumtree_update(tree, index, priority)
+        _apply_sequential(leaves, index, priority)
+        assert torch.equal(tree.values(), torch.tensor(leaves, dtype=dtype))
+        assert torch.all(tree.leaves[capacity:] == 0)
+        sums, mins = _brute_internal(tree)
+        assert torch.equal(tree.sums, sums)
+        assert torch.equal(tree.mins, mins)
+
+
+@pytest.mark.parametrize("capacity,fanout", [(7, 4), (1000, 4), (1025, 32)])
+def test_update_float_priorities_close_to_brute_force(capacity, fanout):
+    gen = torch.Generator().manual_seed(1)
+    tree = SumTree(capacity, fanout=fanout)
+    leaves = [0.0] * capacity
+    for _ in range(4):
+        index = torch.randint(0, capacity, (300,), generator=gen)
+        priority = torch.rand(300, generator=gen, dtype=torch.float64) * 10
+        sumtree_update(tree, index, priority, alpha=0.6, eps=1e-6)
+        _apply_sequential(leaves, index, priority, alpha=0.6, eps=1e-6)
+    expected = torch.tensor(leaves, dtype=torch.float64).to(torch.float32)
+    assert torch.equal(tree.values(), expected)
+    sums, mins = _brute_internal(tree)
+    torch.testing.assert_close(tree.sums, sums, rtol=1e-13, atol=0)
+    assert torch.equal(tree.mins, mins)
+
+
+@pytest.mark.parametrize("capacity,fanout", [(7, 4), (65, 8), (1000, 4)])
+def test_batched_equals_sequential_with_duplicates(capacity, fanout):
+    gen = torch.Generator().manual_seed(7)
+    batched = SumTree(capacity, fanout=fanout)
+    sequential = SumTree(capacity, fanout=fanout)
+    for _ in range(3):
+        index = torch.randint(-2, capacity, (4 * capacity,), generator=gen)
+        index[-5:] = index[:5]  # guaranteed duplicates whose last write differs
+        priority = torch.rand(index.numel(), generator=gen)
+        sumtree_update(batched, index, priority, alpha=0.7, eps=1e-3)
+        for i, p in zip(index, priority):
+            sumtree_update(sequential, i, p, alpha=0.7, eps=1e-3)
+        # Parents are recomputed from their final children in both cases: bit for bit.
+        assert torch.equal(batched.leaves, sequential.leaves)
+        assert torch.equal(batched.sums, sequential.sums)
+        assert torch.equal(batched.mins, sequential.mins)
+
+
+def test_last_duplicate_wins():
+    tree = SumTree(10, fanout=4)
+    sumtree_update(tree, torch.tensor([3, 5, 3, 3, 5]), torch.tensor([1.0, 2.0, 3.0, 4.0, 6.0]))
+    assert tree.values()[3].item() == 4.0 and tree.values()[5].item() == 6.0
+    assert tree.total().item() == 10.0
+
+
+def test_negative_indices_ignored():
+    tree = SumTree(10, fanout=4)
+    sumtree_update(tree, torch.tensor([-1, 2, -7]), torch.tensor([5.0, 1.0, 9.0]))
+    assert tree.total().item() == 1.0 and tree.values()[2].item() == 1.0
+    before = tree.clone()
+    sumtree_update(tree, torch.tensor([-1, -1]), torch.tensor([3.0, 4.0]))
+    sumtree_update(tree, torch.tensor([], dtype=torch.int64), torch.tensor([]))
+    assert torch.equal(tree.sums, before.sums) and torch.equal(tree.leaves, before.leaves)
+
+
+def test_scalar_priority_and_0d_index():
+    tree = SumTree(20, fanout=4)
+    sumtree_update(tree, torch.arange(20), torch.tensor(2.0))
+    assert torch.all(tree.values() == 2.0)
+    sumtree_update(tree, torch.tensor(3), torch.tensor([5.0]))
+    assert tree.values()[3].item() == 5.0
+    # Integer priorities (TorchRL's own examples use them) and index dtypes other than int64.
+    sumtree_update(tree, torch.tensor([4, 5], dtype=torch.int32), torch.tensor([0, 1000]))
+    assert tree.values()[4].item() == 0.0 and tree.values()[5].item() == 1000.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_transform(dtype):
+    p = torch.tensor([0.0, 0.5, 1.0, 7.25, 1e6], dtype=torch.float64)
+    tree = SumTree(5, fanout=4, dtype=dtype)
+    sumtree_update(tree, torch.arange(5), p, alpha=0.6, eps=1e-8)
+    assert torch.equal(tree.values(), ((p + 1e-8) ** 0.6).to(dtype))
+    assert torch.equal(transform_priority(p, 0.6, 1e-8, dtype), ((p + 1e-8) ** 0.6).to(dtype))
+    sumtree_update(tree, torch.arange(5), p, alpha=0.0, eps=0.0)
+    assert torch.all(tree.values() == 1.0)  # 0 ** 0 == 1, as torch.pow and TorchRL have it
+
+
+def test_update_work_is_local():
+    """A batched update touches only the paths of the leaves written."""
+    tree = SumTree(4096, fanout=8)
+    sumtree_update(tree, torch.arange(4096), torch.ones(4096))
+    poison_sums = tree.sums.clone()
+    # Corrupt every internal node, then update two leaves: only their ancestors are rewritten.
+    tree.sums.fill_(-1.0)
+    sumtree_update(tree, torch.tensor([0, 4095]), torch.tensor([2.0, 3.0]))
+    touched = (tree.sums != -1.0).sum().item()
+    assert touched == 2 * tree.depth - 1  # two paths sharing the root
+    del poison_sums
+
+
+# ------------------------------------------------------------------------------ min
+def test_min_tracks_positive_leaves():
+    tree = SumTree(100, fanout=4)
+    assert tree.min().item() == math.inf
+    sumtree_update(tree, torch.tensor([10, 20, 30]), torch.tensor([3.0, 0.5, 2.0]))
+    assert tree.min().item() == 0.5  # unwritten (zero) leaves do not count
+    sumtree_update(tree, torch.tensor([20]), torch.tensor([4.0]))
+    assert tree.min().item() == 2.0  # raising the minimum is seen at once
+    sumtree_update(tree, torch.tensor([30]), torch.tensor([0.0]))
+    assert tree.min().item() == 3.0  # a zero-priority leaf cannot be sampled, so it is not p_min
+    sumtree_update(tree, torch.tensor([99]), torch.tensor([0.25]))
+    assert tree.min().item() == 0.25
+
+
+@pytest.mark.parametrize("capacity,fanout", [(1000, 4), (1025, 32)])
+def test_min_matches_brute_force(capacity, fanout):
+    gen = torch.Generator().manual_seed(3)
+    tree = SumTree(capacity, fanout=fanout)
+    for _ in range(20):
+        index = torch.randint(0, capacity, (50,), generator=gen)
+        priority = torch.rand(50, generator=gen) * (torch.rand(50, generator=gen) > 0.2)
+        sumtree_update(tree, index, priority)
+        vals = tree.values()
+        expected = vals[vals > 0].min().item() if bool((vals > 0).any()) else math.inf
+        assert tree.min().item() == expected
+
+
+# ------------------------------------------------------------------------------ sampling
+@pytest.mark.parametrize("capacity,fanout", SHAPES)
+@pytest.mark.parametrize("stratified", [False, True])
+def test_sample_matches_brute_force(capacity, fanout, stratified):
+    gen = torch.Generator().manual_seed(capacity + fanout)
+    tree = SumTree(capacity, fanout=fanout)
+    # Integer leaves with many zeros: every prefix sum is exact.
+    priority = torch.randint(0, 9, (capacity,), generator=gen) * (torch.rand(capacity, generator=gen) > 0.3)
+    priority[capacity // 2] = 1  # at least one positive leaf
+    sumtree_update(tree, torch.arange(capacity), priority)
+    b = 513
+    u = torch.rand(b, dtype=torch.float64, generator=gen)
+    index, value = sumtree_sample(tree, u, stratified=stratified)
+    total = tree.total()
+    mass = (u + torch.arange(b, dtype=torch.float64)) * (total / b) if stratified else u * total
+    assert index.dtype == torch.int64 and value.dtype == tree.dtype
+    assert torch.equal(index, _brute_sample(tree.values(), mass))
+    assert torch.equal(value, tree.values()[index])
+    assert bool((value > 0).all())
+
+
+def test_sample_boundaries_never_return_zero_leaves():
+    """Masses exactly on prefix boundaries, at 0 and just under the total."""
+    leaves = torch.tensor([0, 1, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 0, 0, 0, 0], dtype=torch.float64)
+    tree = SumTree(leaves.numel(), fanout=2)
+    sumtree_update(tree, torch.arange(leaves.numel()), leaves)
+    total = 6.0
+    top = 1.0 - 2.0**-53
+    u = torch.tensor([0.0, 1 / 6, 3 / 6, 0.5, top, 2.0**-60, 1 / 6 - 2.0**-55], dtype=torch.float64)
+    index, value = sumtree_sample(tree, u)
+    assert bool((value > 0).all())
+    assert torch.equal(index, _brute_sample(leaves, u * total))
+    # Stratified: the last stratum's mass rounds up to the total; it must still land on leaf 8.
+    index, value = sumtree_sample(tree, torch.full((3,), top, dtype=torch.float64), stratified=True)
+    assert bool((value > 0).all()) and index[-1].item() == 8
+
+
+def test_sample_mass_past_row_total_takes_last_positive_child():
+    """Rounding can leave a mass at a row's total; the rule then takes the last positive child."""
+    tree = SumTree(16, fanout=4)
+    sumtree_update(tree, torch.tensor([1, 6]), torch.tensor([1.0, 1.0]))
+    # Corrupt the root so the mass overshoots: the descent must not step into zero leaves.
+    tree.sums[0] = 4.0
+    index, value = sumtree_sample_ref(tree, torch.tensor([0.99, 0.6], dtype=torch.float64))
+    assert index.tolist() == [6, 6] and bool((value > 0).all())
+
+
+def test_zero_priority_never_sampled_many_draws():
+    gen = torch.Generator().manual_seed(11)
+    capacity = 5000
+    tree = SumTree(capacity, fanout=8)
+    priority = torch.rand(capacity, generator=gen) * (torch.rand(capacity, generator=gen) > 0.5)
+    # Very small priorities next to zeros: the rounding-sensitive case.
+    priority[::7] = 1e-30
+    sumtree_update(tree, torch.arange(capacity), priority)
+    for stratified in (False, True):
+        u = torch.rand(200_000, dtype=torch.float64, generator=gen)
+        index, value = sumtree_sample(tree, u, stratified=stratified)
+        assert bool((value > 0).all())
+        assert bool((tree.values()[index] > 0).all())
+
+
+def test_sample_empty_tree_returns_zeros():
+    tree = SumTree(10, fanout=4)
+    index, value = sumtree_sample(tree, torch.rand(5, dtype=torch.float64))
+    assert index.tolist() == [0] * 5 and value.tolist() == [0.0] * 5
+
+
+def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, float]:
+    n = counts.sum().to(torch.float64)
+    expected = probs.to(torch.float64) * n
+    stat = ((counts.to(torch.float64) - expected) ** 2 / expected).sum()
+    df = torch.tensor(float(counts.numel() - 1), dtype=torch.float64)
+    # Survival function of chi-square(df) at stat: the regularized upper incomplete gamma.
+    p = torch.special.gammaincc(df / 2, stat / 2)
+    return float(stat), float(p)
+
+
+@pytest.mark.parametrize("stratified", [False, True])
+def test_chi_square_sampled_distribution(stratified):
+    gen = torch.Generator().manual_seed(2024)
+    capacity = 500
+    tree = SumTree(capacity, fanout=8)
+    priority = torch.rand(capacity, generator=gen) * 5 + 0.1
+    sumtree_update(tree, torch.arange(capacity), priority, alpha=0.7, eps=1e-8)
+    n = 400_000
+    counts = torch.zeros(capacity, dtype=torch.int64)
+    for _ in range(4):
+        u = torch.rand(n // 4, dtype=torch.float64, generator=gen)
+        index, _ = sumtree_sample(tree, u, stratified=stratified)
+        counts += torch.bincount(index, minlength=capacity)
+    probs = (priority.double() + 1e-8) ** 0.7
+    probs = probs / probs.sum()
+    stat, p = _chi_square_p(counts, probs)
+    # Seeded, so deterministic; a wrong distribution gives p ~ 0 with this many draws.
+    assert p > 1e-3, (stat, p)
+    if stratified:
+        # Stratified draws are far less variable than i.i.d. ones.
+        assert stat < capacity
+
+
+def test_importance_weights_formula():
+    value = torch.tensor([0.5, 1.0, 2.0, 4.0])
+    w = importance_weights(value, torch.tensor(0.5, dtype=torch.float64), beta=0.4)
+    expected = torch.tensor([(v / 0.5) ** -0.4 for v in [0.5, 1.0, 2.0, 4.0]])
+    torch.testing.assert_close(w, expected, rtol=1e-6, atol=0)
+    assert w.dtype == torch.float32 and w.max().item() == 1.0
+
+
+# ------------------------------------------------------------------------------ drift
+def _drift_run(capacity: int, n_updates: int, batch: int, seed: int) -> tuple[float, SumTree]:
+    gen = torch.Generator().manual_seed(seed)
+    tree = SumTree(capacity)
+    sumtree_update(tree, torch.arange(capacity), torch.rand(capacity, generator=gen), alpha=0.6, eps=1e-8)
+    for _ in range(n_updates // batch):
+        index = torch.randint(0, capacity, (batch,), generator=gen)
+        # Priorities over many orders of magnitude: the case where delta updates drift.
+        priority = torch.rand(batch, generator=gen) * 10.0 ** torch.randint(-6, 6, (batch,), generator=gen)
+        sumtree_update(tree, index, priority, alpha=0.6, eps=1e-8)
+    exact = tree.values().to(torch.float64).sum()
+    rel = abs(tree.total().item() - exact.item()) / exact.item()
+    return rel, tree
+
+
+def test_drift_reduced():
+    rel, tree = _drift_run(capacity=2**16, n_updates=200_000, batch=1000, seed=5)
+    assert rel < 1e-12
+    # Every internal node is exactly what a rebuild from the leaves computes.
+    rebuilt = sumtree_rebuild(tree.clone())
+    assert torch.equal(rebuilt.sums, tree.sums) and torch.equal(rebuilt.mins, tree.mins)
+
+
+@pytest.mark.slow
+def test_drift_full(request):
+    """10**7 leaf updates, in random batches of 1024, on 2**20 leaves (minutes: ``-m slow`` only)."""
+    if "slow" not in (request.config.getoption("markexpr") or ""):
+        pytest.skip("long-running; run with -m slow")
+    rel, tree = _drift_run(capacity=2**20, n_updates=10**7, batch=1024, seed=6)
+    print(f"relative root error after 1e7 updates: {rel:.3e}")
+    assert rel < 1e-6
+    rebuilt = sumtree_rebuild(tree.clone())
+    assert torch.equal(rebuilt.sums, tree.sums) and torch.equal(rebuilt.mins, tree.mins)
+
+
+# ------------------------------------------------------------------------------ whole-tree helpers
+def test_rebuild_fill_state_dict_roundtrip():
+    gen = torch.Generator().manual_seed(9)
+    tree = SumTree(777, fanout=8, dtype=torch.float64)
+    sumtree_update(tree, torch.randint(0, 777, (500,), generator=gen), torch.rand(500, generator=gen))
+    state = tree.state_dict()
+    loaded = SumTree.from_state_dict(state)
+    assert loaded.capacity == 777 and loaded.fanout == 8 and loaded.dtype == torch.float64
+    assert torch.equal(loaded.leaves, tree.leaves)
+    torch.testing.assert_close(loaded.sums, tree.sums, rtol=1e-14, atol=0)
+    assert torch.equal(loaded.mins, tree.mins)
+    moved = tree.to("cpu", copy=True)
+    assert moved.leaves.data_ptr() != tree.leaves.data_ptr() and torch.equal(moved.sums, tree.sums)
+    tree.clear_()
+    assert tree.total().item() == 0 and tree.min().item() == math.inf
+
+
+def test_ref_twin_is_the_cpu_path():
+    gen = torch.Generator().manual_seed(4)
+    a, b = SumTree(300, fanout=4), SumTree(300, fanout=4)
+    index = torch.randint(-1, 300, (400,), generator=gen)
+    priority = torch.rand(400, generator=gen)
+    sumtree_update(a, index, priority, alpha=0.5, eps=0.1)
+    sumtree_update_ref(b, index, priority, alpha=0.5, eps=0.1)
+    assert torch.equal(a.leaves, b.leaves) and torch.equal(a.sums, b.sums) and torch.equal(a.mins, b.mins)
+    u = torch.rand(100, dtype=torch.float64, generator=gen)
+    assert all(torch.equal(x, y) for x, y in zip(sumtree_sample(a, u), sumtree_sample_ref(b, u)))
+
+
+# ------------------------------------------------------------------------------ bad input
+def _filled(capacity=50):
+    tree = SumTree(capacity, fanout=4)
+    sumtree_update(tree, torch.arange(capacity), torch.rand(capacity, generator=torch.Generator().manual_seed(0)))
+    return tree
+
+
+def _same(a: SumTree, b: SumTree) -> bool:
+    return torch.equal(a.leaves, b.leaves) and torch.equal(a.sums, b.sums) and torch.equal(a.mins, b.mins)
+
+
+@pytest.mark.parametrize(
+    "index,priority,error",
+    [
+        (torch.tensor([1, 2]), torch.tensor([1.0, float("nan")]), PriorityError),
+        (torch.tensor([1, 2]), torch.tensor([float("inf"), 1.0]), PriorityError),
+        (torch.tensor([1, 2]), torch.tensor([-float("inf"), 1.0]), PriorityError),
+        (torch.tensor([1, 2]), torch.tensor([1.0, -0.5]), PriorityError),
+        (torch.tensor([1, 50]), torch.tensor([1.0, 2.0]), IndexOutOfRangeError),
+        (torch.tensor([1, 2, 3]), torch.tensor([1.0, 2.0]), PriorityError),
+        (torch.tensor([1, 2]), torch.ones(2, 2), PriorityError),
+        (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0]), TypeError),
+        (torch.tensor([[1, 2]]), torch.tensor([1.0, 2.0]), TypeError),
+        ([1, 2], torch.tensor([1.0, 2.0]), TypeError),
+        (torch.tensor([1, 2]), [1.0, 2.0], TypeError),
+        (torch.tensor([1, 2]), torch.tensor([1e30, 1.0]), PriorityError),  # (1e30)**2 overflows float32
+    ],
+)
+def test_bad_update_raises_and_leaves_tree_unchanged(index, priority, error):
+    tree = _filled()
+    before = tree.clone()
+    with pytest.raises(error):
+        sumtree_update(tree, index, priority, alpha=2.0)
+    assert _same(tree, before)
+
+
+@pytest.mark.parametrize("alpha,eps", [(-1.0, 0.0), (float("nan"), 0.0), (1.0, -1e-3), (1.0, float("inf"))])
+def test_bad_alpha_eps(alpha, eps):
+    tree = _filled()
+    before = tree.clone()
+    with pytest.raises(ValueError):
+        sumtree_update(tree, torch.tensor([1]), torch.tensor([1.0]), alpha=alpha, eps=eps)
+    assert _same(tree, before)
+
+
+def test_bad_sample_input():
+    tree = _filled()
+    with pytest.raises(TypeError):
+        sumtree_sample(tree, torch.tensor([1, 2]))
+    with pytest.raises(TypeError):
+        sumtree_sample(tree, torch.rand(2, 2, dtype=torch.float64))
+    with pytest.raises(ValueError):
+        sumtree_sample(tree, torch.rand(2, dtype=torch.float64), backend="cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device")
+def test_device_mismatch():
+    tree = _filled()
+    with pytest.raises(DeviceMismatchError):
+        sumtree_update(tree, torch.tensor([1], device="cuda"), torch.tensor([1.0], device="cuda"))
+    with pytest.raises(DeviceMismatchError):
+        sumtree_sample(tree, torch.rand(3, dtype=torch.float64, device="cuda"))
+
+
+_WITHOUT_TRITON = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "triton" or name.startswith("triton."):
+            raise ImportError("triton is blocked in this test")
+sys.meta_path.insert(0, Block())
+import torch
+from gpubuf.ops.sumtree import SumTree, sumtree_sample, sumtree_update
+tree = SumTree(100)
+sumtree_update(tree, torch.arange(100), torch.rand(100))
+index, value = sumtree_sample(tree, torch.rand(8, dtype=torch.float64))
+assert "gpubuf_kernels.sumtree" not in sys.modules and bool((value > 0).all())
+print("ok")
+"""
+
+
+def test_cpu_path_needs_no_triton():
+    result = subprocess.run([sys.executable, "-c", _WITHOUT_TRITON], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
