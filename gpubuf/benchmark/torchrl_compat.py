@@ -46,16 +46,6 @@ def load_torchrl_data() -> ModuleType:
     return module
 
 
-def torchrl_version() -> str | None:
-    """TorchRL's installed version from package metadata (no import), or None when not installed."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("torchrl")
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def attempt(fn: Callable[[], T], what: str) -> tuple[T | None, str | None]:
     """Runs ``fn`` and returns ``(value, None)``, or ``(None, reason)`` when it raises.
 
@@ -73,20 +63,26 @@ def attempt(fn: Callable[[], T], what: str) -> tuple[T | None, str | None]:
         return None, f"{what} failed: {describe_error(err)}"
 
 
+class _BelowWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING
+
+
 @contextlib.contextmanager
 def quiet_logs() -> Iterator[None]:
-    """Raises the ``torchrl`` logger to WARNING for the duration (restored after).
+    """Drops ``torchrl`` log records below WARNING for the duration.
 
     TorchRL logs an INFO line to stdout on every storage initialisation, which would
-    interleave with the harness's table.
+    interleave with the harness's table. A filter rather than a level: TorchRL sets its
+    logger's level when it is imported, which happens inside this block.
     """
     logger = logging.getLogger("torchrl")
-    previous = logger.level
-    logger.setLevel(logging.WARNING)
+    quiet = _BelowWarning()
+    logger.addFilter(quiet)
     try:
         yield
     finally:
-        logger.setLevel(previous)
+        logger.removeFilter(quiet)
 
 
 def namespace() -> Any:
@@ -110,5 +106,4 @@ __all__ = [
     "load_torchrl_data",
     "namespace",
     "quiet_logs",
-    "torchrl_version",
 ]

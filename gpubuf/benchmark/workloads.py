@@ -155,8 +155,9 @@ class BufferProvider(Provider):
             self._rb.extend(self._feed(data[start : start + _FILL_CHUNK]))
 
     def _feed(self, chunk: TensorDict) -> TensorDict:
-        # TensorDictReplayBuffer.extend writes an "index" entry into the TensorDict it is given: a
-        # shallow copy keeps that entry out of the shared data that the other providers read.
+        # TorchRL's TensorDictReplayBuffer.extend writes an "index" entry into the TensorDict it is
+        # given: a shallow copy (no tensor copied) keeps that entry out of the data the other
+        # providers read, and gives every provider the same keys on input.
         return chunk.clone(recurse=False)
 
     def make_call(self, op: OpSpec, data: TensorDict) -> Callable[[], Any]:

@@ -1,0 +1,78 @@
+"""pytest-benchmark setup for ``benchmarks/``: collects ``bench_*.py`` and shares built buffers.
+
+Run with ``python -m pytest benchmarks/ --benchmark-only``. These files are not part of the
+test suite (``tests/`` is); pyproject's ``testpaths`` keeps them out of a plain ``pytest``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpubuf.benchmark import environment, torchrl_compat
+from gpubuf.benchmark.workloads import Provider, UnavailableProvider, default_providers, make_transitions
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("gpubuf benchmarks")
+    group.addoption("--bench-rows", type=int, default=1_000_000, help="N, the buffer's rows (default 1,000,000)")
+    group.addoption("--bench-device", default="auto", choices=("auto", "cpu", "cuda"), help="default: cuda if present")
+    group.addoption("--no-torchrl", action="store_true", help="skip TorchRL's benchmarks without importing it")
+
+
+def pytest_collect_file(file_path, parent):
+    # pytest only collects test_*.py by default; the benchmarks are named bench_*.py.
+    if file_path.suffix == ".py" and file_path.name.startswith("bench_"):
+        return pytest.Module.from_parent(parent, path=file_path)
+    return None
+
+
+@pytest.fixture(scope="session")
+def bench_device(pytestconfig) -> torch.device:
+    return environment.resolve_device(pytestconfig.getoption("--bench-device"))
+
+
+@pytest.fixture(scope="session")
+def bench_rows(pytestconfig) -> int:
+    return pytestconfig.getoption("--bench-rows")
+
+
+@pytest.fixture(scope="session")
+def bench_data(bench_rows, bench_device):
+    """The workload's N transitions, generated once per session."""
+    return make_transitions(bench_rows, bench_device)
+
+
+@pytest.fixture(scope="session")
+def bench_provider(pytestconfig, bench_data):
+    """``bench_provider("gpubuf TDRB")`` -> that provider, filled with the data (built once, kept).
+
+    An optional provider (TorchRL) that cannot be built skips the benchmark with the reason.
+    """
+    include_torchrl = not pytestconfig.getoption("--no-torchrl")
+    by_label = {p.label: p for p in default_providers(include_torchrl)}
+    built: dict[str, Provider] = {}
+    reasons: dict[str, str] = {}
+
+    def get(label: str) -> Provider:
+        if label in reasons:
+            pytest.skip(reasons[label])
+        if label not in built:
+            provider = by_label[label]
+            if isinstance(provider, UnavailableProvider):
+                reasons[label] = f"{label} unavailable: {provider.reason}"
+                pytest.skip(reasons[label])
+            with torchrl_compat.quiet_logs():
+                if provider.optional:
+                    _, reason = torchrl_compat.attempt(lambda: provider.setup(bench_data), "construction")
+                    if reason:
+                        reasons[label] = f"{label} unavailable: {reason}"
+                        pytest.skip(reasons[label])
+                else:
+                    provider.setup(bench_data)
+            built[label] = provider
+        return built[label]
+
+    yield get
+    for provider in built.values():
+        provider.close()

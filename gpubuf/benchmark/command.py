@@ -1,0 +1,90 @@
+"""The ``gpubuf bench`` subcommand: its arguments and what it does with them."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime
+from pathlib import Path
+
+DEFAULT_OUT = "bench-out"
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Adds ``bench`` to the ``gpubuf`` command's subparsers."""
+    parser = subparsers.add_parser(
+        "bench",
+        help="time gpubuf against TorchRL and raw torch on the uniform replay workload",
+        description=(
+            "Times extend (chunks of 1,000 and 100,000 rows) and uniform sample (B = 256 and 65,536) on a "
+            "full buffer of N rows {obs: f32[32], action: f32[4], reward: f32[1], done: bool[1], "
+            "next_obs: f32[32]}, for gpubuf, TorchRL (when installed) and raw torch, interleaved in one "
+            "process. Prints a table and writes <out>/bench-<device>-<timestamp>.json and .png."
+        ),
+    )
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help="default: cuda when available")
+    length = parser.add_mutually_exclusive_group()
+    length.add_argument("--quick", dest="config", action="store_const", const="quick", help="short timing (default)")
+    length.add_argument("--full", dest="config", action="store_const", const="full", help="long timing")
+    parser.set_defaults(config="quick")
+    parser.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default: {DEFAULT_OUT}/)")
+    parser.add_argument("--no-torchrl", action="store_true", help="do not import or time TorchRL")
+    parser.add_argument(
+        "--ops",
+        nargs="+",
+        metavar="OP",
+        help="ops to run: extend, sample, or one size such as extend:100000 or sample:256 (default: all)",
+    )
+    parser.add_argument("--rows", type=int, help="override N, the buffer's rows (printed as a note)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
+    parser.set_defaults(func=run)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the benchmark described by parsed ``args``; returns the exit status."""
+    # Imported here so that `gpubuf --help` and other subcommands do not pay for them.
+    import torch
+
+    from gpubuf.benchmark import environment, report
+    from gpubuf.benchmark.config import CONFIGS, parse_ops
+    from gpubuf.benchmark.harness import run_benchmark, stderr_progress
+
+    config = CONFIGS[args.config]
+    if args.rows is not None:
+        if args.rows <= 0:
+            return _fail(f"--rows must be positive, got {args.rows}")
+        config = config.with_rows(args.rows)
+    try:
+        device = environment.resolve_device(args.device)
+        ops = parse_ops(args.ops, config)
+    except ValueError as err:
+        return _fail(str(err))
+    if args.threads is not None:
+        if args.threads <= 0:
+            return _fail(f"--threads must be positive, got {args.threads}")
+        torch.set_num_threads(args.threads)
+
+    result = run_benchmark(config, device=device, ops=ops, include_torchrl=not args.no_torchrl, progress=stderr_progress)
+    print(report.format_table(result), flush=True)
+
+    stem = Path(args.out) / f"bench-{device.type}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    json_path = report.write_json(result, stem.with_suffix(".json"))
+    stderr_progress(f"wrote {json_path}")
+    try:
+        png_path = report.write_plot(result, stem.with_suffix(".png"))
+    except ImportError as err:
+        # matplotlib is an optional extra ("gpubuf[bench]"); the JSON and the table stand alone.
+        stderr_progress(f"no plot: {err} (pip install matplotlib)")
+    else:
+        stderr_progress(f"wrote {png_path}")
+    return 0
+
+
+def _fail(message: str) -> int:
+    import sys
+
+    print(f"gpubuf bench: error: {message}", file=sys.stderr)
+    return 2
+
+
+__all__ = ["DEFAULT_OUT", "register", "run"]

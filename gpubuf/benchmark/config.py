@@ -1,0 +1,139 @@
+"""Benchmark configurations (``--quick``, ``--full``) and the bars gpubuf is measured against."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from gpubuf.benchmark.workloads import TDRB, OpSpec
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to run and how long to time it.
+
+    Attributes:
+        name: ``"quick"``, ``"full"`` or a custom name; recorded in the result.
+        rows: ``N``, the buffer capacity; buffers are filled to it before timing.
+        extend_chunks: chunk lengths of the ``extend`` ops.
+        sample_batches: batch sizes of the ``sample`` ops.
+        warmup: untimed calls per provider before timing.
+        repeats: timed blocks per provider and op.
+        min_repeats: blocks always timed, even past ``max_op_s``.
+        min_block_s: the shortest timed block (short calls are repeated inside a block).
+        max_op_s: wall-time budget of one op (all providers together) once ``min_repeats`` is met.
+        seed: the data's seed.
+    """
+
+    name: str
+    rows: int
+    extend_chunks: tuple[int, ...] = (1_000, 100_000)
+    sample_batches: tuple[int, ...] = (256, 65_536)
+    warmup: int = 3
+    repeats: int = 30
+    min_repeats: int = 5
+    min_block_s: float = 0.005
+    max_op_s: float = math.inf
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rows <= 0:
+            raise ValueError(f"rows must be positive, got {self.rows}")
+        too_long = [c for c in self.extend_chunks if c > self.rows]
+        if too_long:
+            raise ValueError(f"extend chunks {too_long} exceed the buffer's {self.rows} rows")
+
+    def ops(self) -> list[OpSpec]:
+        """Every op of the configuration: extends first, then samples."""
+        return [OpSpec("extend", c) for c in self.extend_chunks] + [OpSpec("sample", b) for b in self.sample_batches]
+
+    def with_rows(self, rows: int) -> "BenchConfig":
+        """A copy with another ``N`` (chunks longer than ``rows`` are dropped)."""
+        chunks = tuple(c for c in self.extend_chunks if c <= rows)
+        return replace(self, rows=rows, extend_chunks=chunks)
+
+
+#: The issue's workload, timed at length: N = 1M, extend 1k / 100k, sample 256 / 65,536.
+FULL = BenchConfig(name="full", rows=1_000_000, warmup=5, repeats=150, min_repeats=30, min_block_s=0.02, max_op_s=60.0)
+
+#: The same sizes, timed briefly: about a minute on a 2-core CPU, seconds on a GPU.
+QUICK = BenchConfig(name="quick", rows=1_000_000, warmup=2, repeats=20, min_repeats=5, min_block_s=0.005, max_op_s=8.0)
+
+CONFIGS = {"quick": QUICK, "full": FULL}
+
+
+@dataclass(frozen=True)
+class Bar:
+    """A target ratio of gpubuf's median time to a baseline's (measured and reported, not asserted).
+
+    Attributes:
+        kind, size: the op.
+        baseline: ``"torchrl"`` or ``"raw"``.
+        max_ratio: gpubuf / baseline must not exceed this.
+        buffer: the gpubuf buffer class the bar applies to.
+    """
+
+    kind: str
+    size: int
+    baseline: str
+    max_ratio: float
+    buffer: str = TDRB
+
+    @property
+    def text(self) -> str:
+        if self.max_ratio < 1:
+            return f"at least {1 / self.max_ratio:.3g}x faster than {self.baseline}"
+        return f"within {self.max_ratio:.3g}x of {self.baseline}"
+
+
+BARS = (
+    Bar("sample", 256, "torchrl", 1 / 2.5),
+    Bar("sample", 65_536, "raw", 1.3),
+    Bar("extend", 100_000, "raw", 1.2),
+)
+
+
+def bar_for(kind: str, size: int, baseline: str, buffer: str | None) -> Bar | None:
+    """The bar for a ratio, if there is one."""
+    for bar in BARS:
+        if (bar.kind, bar.size, bar.baseline, bar.buffer) == (kind, size, baseline, buffer):
+            return bar
+    return None
+
+
+def parse_ops(specs: list[str] | None, config: BenchConfig) -> list[OpSpec]:
+    """Selects ops from ``--ops`` arguments.
+
+    Args:
+        specs: items like ``"sample"`` (every size of that kind in ``config``) or
+            ``"sample:4096"`` / ``"extend:1000"`` (one size, which may be outside ``config``);
+            None or empty selects every op of ``config``.
+        config: the configuration providing the default sizes.
+
+    Raises:
+        ValueError: a malformed item, or an extend chunk longer than ``config.rows``.
+    """
+    if not specs:
+        return config.ops()
+    chosen: list[OpSpec] = []
+    for spec in specs:
+        kind, _, size = spec.partition(":")
+        if kind not in ("extend", "sample"):
+            raise ValueError(f"unknown op {spec!r}: expected extend, sample, extend:<rows> or sample:<batch>")
+        if size:
+            try:
+                value = int(size.replace("_", "").replace(",", ""))
+            except ValueError:
+                raise ValueError(f"bad size in op {spec!r}") from None
+            ops = [OpSpec(kind, value)]
+        else:
+            ops = [op for op in config.ops() if op.kind == kind]
+        for op in ops:
+            if op.kind == "extend" and op.size > config.rows:
+                raise ValueError(f"extend chunk {op.size} exceeds the buffer's {config.rows} rows")
+            if op not in chosen:
+                chosen.append(op)
+    return chosen
+
+
+__all__ = ["BARS", "CONFIGS", "FULL", "QUICK", "Bar", "BenchConfig", "bar_for", "parse_ops"]

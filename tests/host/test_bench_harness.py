@@ -1,0 +1,212 @@
+"""The benchmark harness on a tiny configuration: rows, ratios, unavailable TorchRL, outputs, CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+import gpubuf
+from gpubuf.benchmark import report, torchrl_compat
+from gpubuf.benchmark.config import BenchConfig, parse_ops
+from gpubuf.benchmark.harness import run_benchmark
+from gpubuf.benchmark.timing import measure_round_robin
+from gpubuf.benchmark.workloads import RB, ROW_BYTES, TDRB, OpSpec
+from gpubuf.cli import main
+
+TINY = BenchConfig(
+    name="tiny",
+    rows=2_000,
+    extend_chunks=(100, 1_000),
+    sample_batches=(32, 512),
+    warmup=1,
+    repeats=3,
+    min_repeats=2,
+    min_block_s=0.0,
+)
+PROVIDERS = {("gpubuf", TDRB), ("torchrl", TDRB), ("raw", None), ("gpubuf", RB), ("torchrl", RB)}
+ROW_FIELDS = {
+    "op", "size", "buffer_rows", "provider", "buffer", "label", "status", "reason", "p50_s", "p20_s", "p80_s",
+    "repeats", "calls_per_repeat", "bytes_moved", "gb_per_s", "items_per_s", "device", "device_name",
+    "versions", "git_sha",
+}  # fmt: skip
+
+
+def _torchrl_rows(result):
+    return [r for r in result["rows"] if r["provider"] == "torchrl"]
+
+
+@pytest.fixture(scope="module")
+def result():
+    return run_benchmark(TINY, device="cpu", progress=None)
+
+
+def test_rows_have_fields_and_every_provider(result):
+    assert row_ops(result) == [("extend", 100), ("extend", 1_000), ("sample", 32), ("sample", 512)]
+    for op in row_ops(result):
+        rows = [r for r in result["rows"] if (r["op"], r["size"]) == op]
+        assert {(r["provider"], r["buffer"]) for r in rows} == PROVIDERS
+    for row in result["rows"]:
+        assert set(row) == ROW_FIELDS
+        assert row["device"] == "cpu" and row["buffer_rows"] == TINY.rows
+        assert set(row["versions"]) == {"torch", "triton", "tensordict", "torchrl", "gpubuf"}
+        assert row["bytes_moved"] == 2 * row["size"] * ROW_BYTES
+        if row["provider"] != "torchrl":
+            assert row["status"] == report.OK
+        if row["status"] == report.OK:
+            assert 0 < row["p20_s"] <= row["p50_s"] <= row["p80_s"]
+            assert row["repeats"] >= TINY.min_repeats
+            assert row["gb_per_s"] == pytest.approx(row["bytes_moved"] / row["p50_s"] / 1e9)
+            assert row["items_per_s"] == pytest.approx(row["size"] / row["p50_s"])
+        else:
+            assert row["status"] == report.UNAVAILABLE and row["reason"]
+
+
+def row_ops(result):
+    ops = []
+    for row in result["rows"]:
+        if (row["op"], row["size"]) not in ops:
+            ops.append((row["op"], row["size"]))
+    return ops
+
+
+def test_ratios_are_gpubuf_over_baseline_medians(result):
+    rows = {(r["op"], r["size"], r["provider"], r["buffer"]): r for r in result["rows"]}
+    ratios = result["ratios"]
+    # Per op: TDRB and RB, each against TorchRL (same class) and raw.
+    assert len(ratios) == 4 * 2 * 2
+    for entry in ratios:
+        mine = rows[(entry["op"], entry["size"], "gpubuf", entry["buffer"])]
+        base_buffer = entry["buffer"] if entry["baseline"] == "torchrl" else None
+        base = rows[(entry["op"], entry["size"], entry["baseline"], base_buffer)]
+        if base["status"] == report.OK:
+            assert entry["ratio"] == pytest.approx(mine["p50_s"] / base["p50_s"])
+        else:
+            assert entry["ratio"] is None and entry["reason"]
+
+
+def test_unimportable_torchrl_gives_unavailable_rows(monkeypatch):
+    # None in sys.modules makes `import torchrl.data` raise, whether or not it was imported before.
+    monkeypatch.setitem(sys.modules, "torchrl", None)
+    monkeypatch.setitem(sys.modules, "torchrl.data", None)
+    result = run_benchmark(TINY, device="cpu", progress=None)
+    torchrl_rows = _torchrl_rows(result)
+    assert len(torchrl_rows) == 2 * len(TINY.ops())
+    for row in torchrl_rows:
+        assert row["status"] == report.UNAVAILABLE
+        assert "cannot import torchrl.data" in row["reason"]
+        assert row["p50_s"] is None
+    assert all(r["status"] == report.OK for r in result["rows"] if r["provider"] != "torchrl")
+    vs_torchrl = [r for r in result["ratios"] if r["baseline"] == "torchrl"]
+    assert vs_torchrl and all(r["ratio"] is None and "torchrl unavailable" in r["reason"] for r in vs_torchrl)
+    assert all(r["ratio"] is not None for r in result["ratios"] if r["baseline"] == "raw")
+    assert "unavailable" in report.format_table(result)
+
+
+def test_failing_construction_or_first_call_is_reported(monkeypatch):
+    class BrokenStorage:
+        def __init__(self, *args, **kwargs):
+            raise RuntimeError("extension not loaded")
+
+    class SampleFails(gpubuf.TensorDictReplayBuffer):
+        def sample(self, *args, **kwargs):
+            raise RuntimeError("sampler broke")
+
+    # A stand-in "torchrl.data": TDRB builds but cannot sample; RB cannot even build its storage.
+    fake = types.SimpleNamespace(
+        TensorDictReplayBuffer=SampleFails, ReplayBuffer=gpubuf.ReplayBuffer, LazyTensorStorage=gpubuf.LazyTensorStorage
+    )
+    calls = {"n": 0}
+
+    def namespace():
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second TorchRL provider built is RB
+            return types.SimpleNamespace(
+                TensorDictReplayBuffer=SampleFails, ReplayBuffer=gpubuf.ReplayBuffer, LazyTensorStorage=BrokenStorage
+            )
+        return fake
+
+    monkeypatch.setattr(torchrl_compat, "namespace", namespace)
+    result = run_benchmark(TINY, device="cpu", progress=None)
+    by = {(r["op"], r["buffer"]): r for r in _torchrl_rows(result)}
+    assert by[("extend", TDRB)]["status"] == report.OK
+    assert by[("sample", TDRB)]["status"] == report.UNAVAILABLE
+    assert by[("sample", TDRB)]["reason"] == "first call failed: RuntimeError: sampler broke"
+    for kind in ("extend", "sample"):
+        assert by[(kind, RB)]["status"] == report.UNAVAILABLE
+        assert by[(kind, RB)]["reason"] == "construction failed: RuntimeError: extension not loaded"
+
+
+def test_no_torchrl_option_skips_torchrl():
+    config = BenchConfig(name="tiny", rows=500, extend_chunks=(100,), sample_batches=(16,), warmup=0, repeats=2,
+                         min_repeats=1, min_block_s=0.0)  # fmt: skip
+    result = run_benchmark(config, device="cpu", include_torchrl=False, progress=None)
+    for row in _torchrl_rows(result):
+        assert row["status"] == report.UNAVAILABLE and "not requested" in row["reason"]
+    assert result["meta"]["notes"] and "500" in result["meta"]["notes"][0]
+
+
+def test_json_and_png_are_written(result, tmp_path):
+    json_path = report.write_json(result, tmp_path / "out" / "r.json")
+    assert json.loads(json_path.read_text()) == json.loads(json.dumps(result))
+    png_path = report.write_plot(result, tmp_path / "out" / "r.png")
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_table_lists_every_row(result):
+    table = report.format_table(result)
+    for label in ("gpubuf TDRB", "gpubuf RB", "raw", "torchrl TDRB"):
+        assert label in table
+    assert "sample 512" in table and "extend 1,000" in table
+
+
+def test_round_robin_interleaves_and_counts():
+    order = []
+    calls = {name: (lambda name=name: order.append(name)) for name in "abc"}
+    timings = measure_round_robin(calls, warmup=0, repeats=4, min_repeats=1, min_block_s=0.0)
+    assert [t.repeats for t in timings.values()] == [4, 4, 4]
+    timed = order[9:]  # after three calibration calls each
+    assert timed[:3] == ["a", "b", "c"] and timed[3:6] == ["b", "c", "a"]
+
+
+def test_parse_ops():
+    assert parse_ops(None, TINY) == TINY.ops()
+    assert parse_ops(["sample"], TINY) == [OpSpec("sample", 32), OpSpec("sample", 512)]
+    assert parse_ops(["extend:100", "sample:64"], TINY) == [OpSpec("extend", 100), OpSpec("sample", 64)]
+    with pytest.raises(ValueError):
+        parse_ops(["gather"], TINY)
+    with pytest.raises(ValueError):
+        parse_ops(["extend:5000"], TINY)
+
+
+def test_cli_bench_help():
+    done = subprocess.run(
+        [sys.executable, "-m", "gpubuf.cli", "bench", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    for option in ("--device", "--quick", "--full", "--out", "--no-torchrl", "--ops"):
+        assert option in done.stdout
+
+
+def test_cli_bench_writes_outputs(tmp_path, capsys):
+    status = main(["bench", "--device", "cpu", "--rows", "1000", "--ops", "extend:100", "sample:32",
+                   "--out", str(tmp_path), "--no-torchrl"])  # fmt: skip
+    assert status == 0
+    written = sorted(p.suffix for p in tmp_path.iterdir())
+    assert written == [".json", ".png"]
+    stem = next(tmp_path.glob("*.json")).stem
+    assert stem.startswith("bench-cpu-")
+    out = capsys.readouterr()
+    assert "gpubuf TDRB" in out.out and "N = 1,000 rows" in out.out
+    assert "[gpubuf bench]" in out.err
+
+
+def test_cli_rejects_cuda_without_cuda(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    assert main(["bench", "--device", "cuda", "--out", str(tmp_path)]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
