@@ -85,17 +85,44 @@ def git_sha() -> str | None:
     return f"{sha}-dirty" if sha and status else (sha or None)
 
 
+def load_average() -> float | None:
+    """The 1-minute load average of the host (None where the OS has none)."""
+    import os
+
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
 def collect(device: torch.device) -> dict:
-    """The environment block of a result: device, device name, versions, git sha, threads, host."""
+    """The environment block of a result: device, device name, versions, git sha, threads, host load."""
     return {
         "device": device.type,
         "device_name": device_name(device),
         "versions": versions(),
         "git_sha": git_sha(),
         "torch_threads": torch.get_num_threads(),
+        "cpu_cores": _cpu_count(),
+        "load_average": load_average(),
         "python": platform.python_version(),
         "platform": platform.platform(),
     }
 
 
-__all__ = ["collect", "device_name", "git_sha", "resolve_device", "versions"]
+def contention_note(env: dict) -> str | None:
+    """A warning when other processes already keep the CPU's cores busy, or None.
+
+    On such a host a multi-threaded torch op waits for its slowest thread, which another
+    process may have descheduled: medians then measure the scheduler, not the code.
+    """
+    load, cores = env.get("load_average"), env.get("cpu_cores")
+    if env.get("device") != "cpu" or load is None or not cores or load < cores:
+        return None
+    return (
+        f"NOTE: load average {load} on {cores} cores before the run: other processes compete for the CPU; "
+        "timings are noisy (try --threads 1)"
+    )
+
+
+__all__ = ["collect", "contention_note", "device_name", "git_sha", "load_average", "resolve_device", "versions"]

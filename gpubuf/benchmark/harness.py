@@ -89,6 +89,9 @@ def run_benchmark(
     started = time.perf_counter()
     env = environment.collect(device)
     notes: list[str] = []
+    contention = environment.contention_note(env)
+    if contention:
+        notes.append(contention)
     if config.rows != 1_000_000:
         notes.append(f"NOTE: N = {config.rows:,} rows, not the 1,000,000 of the reference workload")
     providers = list(providers) if providers is not None else default_providers(include_torchrl)
