@@ -5,15 +5,17 @@ Tree shape
 A complete ``F``-ary tree (``F = fanout``, a power of two, 32 by default) over ``capacity``
 leaves, stored level by level:
 
-* ``leaves``: ``[m_{D-1} * F]`` in the tree's ``dtype`` (``float32`` or ``float64``), leaf ``i``
-  at position ``i``. It holds the transformed priority ``(p + eps) ** alpha``; a leaf never
-  written, and the padding past ``capacity``, hold ``0``.
+* ``leaves``: ``[(m_{D-1} + 1) * F]`` in the tree's ``dtype`` (``float32`` or ``float64``),
+  leaf ``i`` at position ``i``. It holds the transformed priority ``(p + eps) ** alpha``; a leaf
+  never written, and the padding past ``capacity``, hold ``0``.
 * ``D = depth`` internal levels, level ``0`` being the root. Level ``k`` has ``m_k`` nodes with
   ``m_0 = 1`` and ``m_k = ceil(m_{k+1} / F)`` (``m_D = capacity``); ``D`` is the smallest
   ``D >= 1`` with ``F ** D >= capacity`` (4 for ``capacity = 2**20``). The children of node
   ``j`` of level ``k`` are the entries ``[j * F, (j + 1) * F)`` of level ``k + 1`` (of
-  ``leaves`` for ``k = D - 1``); level ``k >= 1`` is padded to ``m_{k-1} * F`` entries, so
-  every row of ``F`` children exists and loads need no bounds but the batch's.
+  ``leaves`` for ``k = D - 1``). Level ``k >= 1`` holds ``(m_{k-1} + 1) * F`` entries: every
+  row of ``F`` children exists (loads need no bounds but the batch's), and one more row of
+  zeros (``sums``) / ``+inf`` (``mins``) ends each level, so that the torch twin can send any
+  out-of-range node of its fast path to a row that leads only to zero leaves.
 * ``sums`` and ``mins``: all internal levels of ``float64`` concatenated, level ``k`` at
   ``level_offsets[k]``. ``sums`` holds the sum of a node's children (``0`` for padding),
   ``mins`` the minimum over the positive leaves below the node (``+inf`` where there is none).
@@ -105,16 +107,36 @@ class SumTree:
             sizes.append(-(-sizes[-1] // fanout))
         self.level_sizes = tuple(reversed(sizes))  # m_0 = 1 .. m_D = capacity
         self.depth = len(self.level_sizes) - 1
-        padded = [1] + [self.level_sizes[k - 1] * fanout for k in range(1, self.depth)]
+        padded = [1] + [(self.level_sizes[k - 1] + 1) * fanout for k in range(1, self.depth)]
         offsets = [0]
         for size in padded:
             offsets.append(offsets[-1] + size)
         self.level_offsets = tuple(offsets)
         n_internal = offsets[-1]
-        self.leaves = torch.zeros(self.level_sizes[-2] * fanout, dtype=dtype, device=device)
+        self.leaves = torch.zeros((self.level_sizes[-2] + 1) * fanout, dtype=dtype, device=device)
         self.sums = torch.zeros(n_internal, dtype=torch.float64, device=device)
         self.mins = torch.full((n_internal,), math.inf, dtype=torch.float64, device=device)
+        self._reset_views()
+
+    def _reset_views(self) -> None:
         self._offsets_tensor: torch.Tensor | None = None
+        self._views: dict[str, list[torch.Tensor]] | None = None
+
+    def _rows(self) -> dict[str, list[torch.Tensor]]:
+        """Cached ``[rows, F]`` views: ``"sums"[k]``/``"mins"[k]`` are level ``k``'s entries as the
+        children rows of level ``k - 1`` (``k = 1 .. depth - 1``; index 0 unused), ``"leaves"`` the
+        leaves' rows, ``"sum_levels"``/``"min_levels"`` each internal level as a flat view."""
+        if self._views is None:
+            f = self.fanout
+            views: dict[str, list[torch.Tensor]] = {"sums": [None], "mins": [None]}  # type: ignore[list-item]
+            views["sum_levels"] = [self.level(k, "sums") for k in range(self.depth)]
+            views["min_levels"] = [self.level(k, "mins") for k in range(self.depth)]
+            for k in range(1, self.depth):
+                views["sums"].append(views["sum_levels"][k].view(-1, f))
+                views["mins"].append(views["min_levels"][k].view(-1, f))
+            views["leaves"] = [self.leaves.view(-1, f)]
+            self._views = views
+        return self._views
 
     # ---------------------------------------------------------------- geometry and reads
     @property
@@ -159,7 +181,7 @@ class SumTree:
         out.leaves = self.leaves.to(device, copy=True)
         out.sums = self.sums.to(device, copy=True)
         out.mins = self.mins.to(device, copy=True)
-        out._offsets_tensor = None
+        out._reset_views()
         return out
 
     def fill_(self, values: torch.Tensor) -> SumTree:
@@ -230,35 +252,31 @@ def importance_weights(value: torch.Tensor, p_min: torch.Tensor | float, beta: f
 
 def _last_wins_ref(index: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Drops negative indices and all but the last occurrence of each index; sorted output."""
-    keep = index >= 0
-    if not bool(keep.all()):
-        index, values = index[keep], values[keep]
     if index.numel() <= 1:
-        return index, values
+        keep = index >= 0
+        return index[keep], values[keep]
     sorted_index, perm = torch.sort(index, stable=True)
     # Stable sort keeps equal indices in call order, so the last of each run is the last write.
-    last = torch.ones_like(sorted_index, dtype=torch.bool)
+    # Negative indices sort first; marking them "not last" drops them in the same step.
+    last = torch.empty_like(sorted_index, dtype=torch.bool)
     torch.ne(sorted_index[1:], sorted_index[:-1], out=last[:-1])
-    if bool(last.all()):
-        return sorted_index, values[perm]
+    last[-1] = True
+    last &= sorted_index >= 0
     return sorted_index[last], values[perm[last]]
 
 
 def _refresh_level_ref(tree: SumTree, k: int, nodes: torch.Tensor) -> None:
     """Recomputes ``sums``/``mins`` of ``nodes`` (unique) of internal level ``k`` from their children."""
-    f = tree.fanout
-    off = tree.level_offsets[k]
+    views = tree._rows()
     if k == tree.depth - 1:
-        rows = tree.leaves.view(-1, f).index_select(0, nodes).to(torch.float64)
+        rows = views["leaves"][0].index_select(0, nodes).to(torch.float64)
         sums = rows.sum(1)
-        rows.masked_fill_(rows <= 0, math.inf)
-        mins = rows.amin(1)
+        mins = rows.masked_fill_(rows <= 0, math.inf).amin(1)
     else:
-        child_off, child_end = tree.level_offsets[k + 1], tree.level_offsets[k + 2]
-        sums = tree.sums[child_off:child_end].view(-1, f).index_select(0, nodes).sum(1)
-        mins = tree.mins[child_off:child_end].view(-1, f).index_select(0, nodes).amin(1)
-    tree.sums.index_copy_(0, nodes + off, sums)
-    tree.mins.index_copy_(0, nodes + off, mins)
+        sums = views["sums"][k + 1].index_select(0, nodes).sum(1)
+        mins = views["mins"][k + 1].index_select(0, nodes).amin(1)
+    views["sum_levels"][k].index_copy_(0, nodes, sums)
+    views["min_levels"][k].index_copy_(0, nodes, mins)
 
 
 # -------------------------------------------------------------------- update
@@ -307,9 +325,10 @@ def _apply_ref(tree: SumTree, index: torch.Tensor, values: torch.Tensor) -> SumT
         return tree
     tree.leaves.index_copy_(0, index, values)
     nodes = index
+    shift = tree.fanout.bit_length() - 1
     for k in range(tree.depth - 1, -1, -1):
         # Sorted leaves keep their ancestors sorted, so unique_consecutive dedupes them.
-        nodes = torch.unique_consecutive(torch.div(nodes, tree.fanout, rounding_mode="floor"))
+        nodes = torch.unique_consecutive(nodes >> shift)
         _refresh_level_ref(tree, k, nodes)
     return tree
 
@@ -344,25 +363,28 @@ def _validate_update(
     return index, priority.reshape(-1)
 
 
-def _check_values(tree: SumTree, index: torch.Tensor, priority: torch.Tensor, values: torch.Tensor) -> None:
+def _check_values(
+    tree: SumTree, index: torch.Tensor, priority: torch.Tensor, values: torch.Tensor, limit: int
+) -> None:
     """Raises on bad priorities or indices; one host synchronisation for all the checks."""
     if priority.numel() == 0:
         return
     p = priority if priority.dtype.is_floating_point else priority.to(torch.float64)
-    checks = [(~torch.isfinite(p)).any(), (p < 0).any(), (~torch.isfinite(values)).any()]
+    # NaN fails both comparisons, so one mask catches NaN, infinities and negatives.
+    checks = [((p >= 0) & (p < math.inf)).all(), (values < math.inf).all()]
     if index.numel():
-        checks.append((index >= tree.capacity).any())
+        checks.append(index.max() < limit)
     flags = torch.stack(checks).tolist()
-    if flags[0]:
-        raise PriorityError("priority contains NaN or infinite values")
-    if flags[1]:
+    if not flags[0]:
+        if bool(torch.isnan(p).any()) or bool(torch.isinf(p).any()):
+            raise PriorityError("priority contains NaN or infinite values")
         raise PriorityError("priority contains negative values")
-    if flags[2]:
+    if not flags[1]:
         raise PriorityError(f"(priority + eps) ** alpha overflows {tree.dtype}")
-    if len(flags) > 3 and flags[3]:
+    if len(flags) > 2 and not flags[2]:
+        what = f"a priority tree of capacity {tree.capacity}" if limit == tree.capacity else f"{limit} written items"
         raise IndexOutOfRangeError(
-            f"index {int(index.max())} is out of range for a priority tree of capacity {tree.capacity} "
-            f"(expected 0 <= index < {tree.capacity}, or negative to skip)"
+            f"index {int(index.max())} is out of range for {what} (expected 0 <= index < {limit}, or negative to skip)"
         )
 
 
@@ -373,6 +395,7 @@ def sumtree_update(
     *,
     alpha: float = 1.0,
     eps: float = 0.0,
+    limit: int | None = None,
     validate: bool = True,
     backend: str = "auto",
 ) -> SumTree:
@@ -384,6 +407,8 @@ def sumtree_update(
 
     Args:
         tree, index, priority, alpha, eps: as in :func:`sumtree_update_ref`.
+        limit: indices must be below it (default and at most ``capacity``); a sampler passes the
+            number of items written, so that no priority lands past the written range.
         validate: check priorities and indices first (one host synchronisation on CUDA). With
             ``False`` the caller guarantees valid input.
         backend: ``"auto"`` (by device), ``"torch"`` or ``"triton"``.
@@ -393,16 +418,21 @@ def sumtree_update(
         DeviceMismatchError: a tensor is not on the tree's device.
         PriorityError: a NaN, infinite or negative priority, one whose transform overflows the
             leaf dtype, or a priority count that is neither 1 nor ``B``.
-        IndexOutOfRangeError: an index ``>= capacity``.
-        ValueError: ``alpha`` or ``eps`` negative or not finite.
+        IndexOutOfRangeError: an index ``>= limit``.
+        ValueError: ``alpha`` or ``eps`` negative or not finite, or ``limit`` not in
+            ``[0, capacity]``.
 
         On any of these the tree is unchanged.
     """
     index, priority = _validate_update(tree, index, priority, alpha, eps)
+    if limit is None:
+        limit = tree.capacity
+    elif not 0 <= limit <= tree.capacity:
+        raise ValueError(f"limit must lie in [0, {tree.capacity}], got {limit}")
     which = resolve_backend(tree.leaves, backend)
     values = transform_priority(priority, alpha, eps, tree.dtype)
     if validate:
-        _check_values(tree, index, priority, values)
+        _check_values(tree, index, priority, values, limit)
     if which == "triton":
         if values.numel() == 1 and index.numel() != 1:
             values = values.expand(index.numel())
@@ -418,12 +448,15 @@ def sumtree_rebuild(tree: SumTree) -> SumTree:
     (a new ``alpha``, a loaded checkpoint).
     """
     f = tree.fanout
-    child = tree.leaves.to(torch.float64).view(-1, f)
-    sums = child.sum(1)
-    mins = child.masked_fill(child <= 0, math.inf).amin(1)
+    rows = tree.leaves.to(torch.float64).view(-1, f)
+    sums = rows.sum(1)
+    mins = rows.masked_fill(rows <= 0, math.inf).amin(1)
     for k in range(tree.depth - 1, -1, -1):
-        tree.level(k, "sums")[: sums.numel()] = sums
-        tree.level(k, "mins")[: mins.numel()] = mins
+        # Level k's real nodes and its padding; the entries past them (the last row) stay as
+        # they are: zeros and +inf.
+        n = min(sums.numel(), tree.level(k).numel())
+        tree.level(k, "sums")[:n] = sums[:n]
+        tree.level(k, "mins")[:n] = mins[:n]
         if k:
             sums = tree.level(k, "sums").view(-1, f).sum(1)
             mins = tree.level(k, "mins").view(-1, f).amin(1)
@@ -434,29 +467,33 @@ def sumtree_rebuild(tree: SumTree) -> SumTree:
 def _descend_ref(tree: SumTree, mass: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     f = tree.fanout
     b = mass.numel()
+    views = tree._rows()
     start = mass
+    mass = mass.view(b, 1)
     node = torch.zeros(b, dtype=torch.int64, device=mass.device)
-    overshoot = torch.zeros(b, dtype=torch.bool, device=mass.device)
     # Column 0 stays 0, so gathering column `child` reads the exclusive prefix (exactly the
     # value the comparison used) and needs no special case for child 0.
     prefix = torch.zeros(b, f + 1, dtype=torch.float64, device=mass.device)
+    inclusive = prefix[:, 1:]
     for k in range(1, tree.depth + 1):
-        rows = tree.leaves if k == tree.depth else tree.level(k)
-        # A node past the level's real ones (reached only by an overshooting draw, redone
-        # below) is clamped so that the row read stays in bounds.
-        rows = rows.view(-1, f).index_select(0, node.clamp_max_(tree.level_sizes[k - 1] - 1))
-        torch.cumsum(rows, 1, dtype=torch.float64, out=prefix[:, 1:])
-        child = (prefix[:, 1:] <= mass[:, None]).sum(1)
-        overshoot |= child == f
-        child.clamp_max_(f - 1)
-        mass = mass - prefix.gather(1, child[:, None]).squeeze(1)
-        node = node * f + child
+        rows = views["leaves"][0] if k == tree.depth else views["sums"][k]
+        # A node past the level's real ones (padding, reached only by a draw redone below)
+        # reads the level's last row, which is all zeros.
+        rows = rows.index_select(0, node.clamp_max_(tree.level_sizes[k - 1]))
+        torch.cumsum(rows, 1, dtype=torch.float64, out=inclusive)
+        # #{prefix <= mass} over [0, csum_0 .. csum_{F-1}] is 1 + #{csum <= mass}; the binary
+        # search reads log2(F) entries per row instead of materialising a [B, F] comparison.
+        child = torch.searchsorted(prefix, mass, right=True).sub_(1).clamp_max_(f - 1)
+        mass = mass - prefix.gather(1, child)
+        node = torch.add(child.view(b), node, alpha=f)
     value = tree.leaves.index_select(0, node)
-    # On this fast path the first child whose prefix exceeds the mass has a positive value (a
-    # sequential cumsum never decreases). Rounding can leave a mass at or past a row's total
-    # (an overshoot), and a parallel scan (torch on CUDA) can round two equal prefixes apart
-    # so that a zero child is taken. Those rare draws are redone with the full rule.
-    redo = overshoot | (value <= 0)
+    # This fast path takes child min(#{prefix <= mass}, F - 1). With a sequential cumsum (torch
+    # on CPU) that child is positive unless rounding left the mass at or past the row's total;
+    # the clamp then takes the last child, which is right if positive and otherwise leads to
+    # a zero leaf (a zero node has only zero leaves below it). A parallel scan (torch on CUDA)
+    # can also send a draw into a zero child, again ending on a zero leaf. So the result is
+    # the full rule's wherever the leaf is positive, and the other draws are redone with it.
+    redo = value <= 0
     if bool(redo.any()):
         node = node.masked_scatter(redo, _descend_checked_ref(tree, start[redo]))
         value = tree.leaves.index_select(0, node)
@@ -468,9 +505,10 @@ def _descend_checked_ref(tree: SumTree, mass: torch.Tensor) -> torch.Tensor:
     f = tree.fanout
     node = torch.zeros(mass.numel(), dtype=torch.int64, device=mass.device)
     cols = torch.arange(f, device=mass.device)
+    views = tree._rows()
     for k in range(1, tree.depth + 1):
-        rows = tree.leaves if k == tree.depth else tree.level(k)
-        rows = rows.view(-1, f).index_select(0, node).to(torch.float64)
+        rows = views["leaves"][0] if k == tree.depth else views["sums"][k]
+        rows = rows.index_select(0, node).to(torch.float64)
         csum = rows.cumsum(1)
         first = (csum <= mass[:, None]).sum(1)
         # The first positive child at or after `first`, else the last positive child, else 0.

@@ -64,7 +64,7 @@ def test_geometry(capacity, fanout):
     assert fanout**tree.depth >= capacity and (tree.depth == 1 or fanout ** (tree.depth - 1) < capacity)
     for k in range(1, tree.depth + 1):
         assert tree.level_sizes[k - 1] == -(-tree.level_sizes[k] // fanout)
-    assert tree.leaves.numel() == tree.level_sizes[-2] * fanout >= capacity
+    assert tree.leaves.numel() == (tree.level_sizes[-2] + 1) * fanout > capacity
     assert tree.sums.dtype == tree.mins.dtype == torch.float64
     assert tree.total().item() == 0 and tree.min().item() == math.inf
     if capacity == 2**20 and fanout == 32:
@@ -422,6 +422,17 @@ def test_bad_update_raises_and_leaves_tree_unchanged(index, priority, error):
     with pytest.raises(error):
         sumtree_update(tree, index, priority, alpha=2.0)
     assert _same(tree, before)
+
+
+def test_limit_bounds_indices_to_the_written_range():
+    tree = _filled()
+    before = tree.clone()
+    with pytest.raises(IndexOutOfRangeError, match="30 written items"):
+        sumtree_update(tree, torch.tensor([5, 30]), torch.tensor([1.0, 1.0]), limit=30)
+    assert _same(tree, before)
+    sumtree_update(tree, torch.tensor([5, 29]), torch.tensor([1.0, 1.0]), limit=30)
+    with pytest.raises(ValueError):
+        sumtree_update(tree, torch.tensor([5]), torch.tensor([1.0]), limit=51)
 
 
 @pytest.mark.parametrize("alpha,eps", [(-1.0, 0.0), (float("nan"), 0.0), (1.0, -1e-3), (1.0, float("inf"))])

@@ -1,0 +1,468 @@
+"""``PrioritizedSampler``: prioritized experience replay on a sum tree (TorchRL's ``PrioritizedSampler``)."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpubuf.errors import (
+    CapacityError,
+    EmptyBufferError,
+    IndexOutOfRangeError,
+    PriorityError,
+    SchemaMismatchError,
+)
+from gpubuf.ops.sumtree import SumTree, importance_weights, sumtree_rebuild, sumtree_sample, sumtree_update
+from gpubuf.samplers.base import Sampler
+from gpubuf.samplers.random import _check_batch_size, _unravel
+
+__all__ = ["PrioritizedSampler"]
+
+_EMPTY = "cannot sample from an empty storage: extend the buffer first"
+_REDUCTIONS = ("max", "min", "median", "mean")
+
+
+def _storage_device(storage: Any) -> torch.device | None:
+    """The device a storage keeps (and returns) its data on, when it has a definite one."""
+    device = getattr(storage, "device", None)
+    if isinstance(device, torch.device):
+        return device
+    if isinstance(device, str) and device != "auto":
+        return torch.device(device)
+    return None
+
+
+def _check_exponent(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+class PrioritizedSampler(Sampler):
+    r"""Prioritized experience replay (Schaul et al., 2015) with TorchRL's API and semantics.
+
+    Item ``i`` with priority :math:`p_i` is drawn with probability
+    :math:`(p_i + \epsilon)^\alpha / \sum_j (p_j + \epsilon)^\alpha`, and comes with the
+    importance weight :math:`w_i = (P_i / P_{min})^{-\beta}` where :math:`P = (p + \epsilon)^\alpha`
+    and :math:`P_{min}` is the smallest over every written item (TorchRL's exact formula: the
+    weights are normalised so that the least likely item weighs 1).
+
+    The transformed priorities live in a :class:`~gpubuf.ops.sumtree.SumTree` (fan-out 32,
+    ``float64`` internal nodes recomputed from their children, a min kept beside the sums): a
+    sample of ``B`` items and an update of ``B`` priorities each cost ``O(B log N)``, run as
+    Triton kernels when the tree is on a GPU and as vectorized torch on a CPU.
+
+    New items get the current max priority (1.0 at first): the buffer calls :meth:`add` /
+    :meth:`extend` after every write, and they set it (TorchRL's writers do the same through
+    :meth:`mark_update`).
+
+    Args:
+        max_capacity: number of items the tree can hold: the storage's ``max_size``.
+        alpha: priority exponent, ``>= 0`` (0 is uniform sampling).
+        beta: importance-sampling exponent, ``>= 0``.
+        eps: added to every priority before the exponent (default ``1e-8``).
+        dtype: dtype of the tree's leaves and of the weights, ``torch.float`` or ``torch.double``.
+        reduction: how a buffer of TensorDicts reduces per-item priorities with trailing dims
+            (``"max"``, ``"min"``, ``"median"``, ``"mean"``).
+        max_priority_within_buffer: when False (default), the priority given to new items is
+            the largest ever set since construction (or :meth:`_empty`). When True, it is the
+            largest among the items currently in the tree, recomputed from the tree (``O(N)``)
+            after an update that lowers the priority of the item holding the maximum. Unlike
+            TorchRL, overwriting that item does not reset the maximum to 1.0.
+        device: where the tree lives (``sampler_device``). Defaults to None: the storage's
+            device, taken the first time the sampler meets a storage whose device is known (the
+            tree moves there with its contents).
+
+    Keyword Args:
+        stratified: draw one mass in each of ``B`` equal slices of the total instead of ``B``
+            i.i.d. masses (TorchRL's scheme, the default). Lower variance, same marginals.
+
+    Devices:
+        :meth:`sample` returns ``index`` and ``info["priority_weight"]`` on the storage's
+        device (where the batch is gathered), or on the tree's device for storages without a
+        device (``ListStorage``). :meth:`update_priority` takes indices and priorities on any
+        device and copies them to the tree's. With a CUDA tree each update synchronises once,
+        for its validation; a sample does not synchronise unless the storage is on another
+        device.
+
+    Randomness:
+        Draws come from ``self._rng`` (the buffer's ``generator``), on that generator's device,
+        or from torch's default generator of the tree's device when None. Unlike TorchRL on a
+        CPU, numpy's global generator is never used, so ``torch.manual_seed`` makes samples
+        reproducible.
+
+    Raises:
+        CapacityError: ``max_capacity`` is not a positive integer.
+        ValueError: ``alpha``, ``beta`` or ``eps`` negative or not finite; an unknown reduction.
+        NotImplementedError: a ``dtype`` other than float32 and float64 (as TorchRL).
+    """
+
+    _STATE_SCHEMA_VERSION: int = 1
+
+    def __init__(
+        self,
+        max_capacity: int,
+        alpha: float,
+        beta: float,
+        eps: float = 1e-8,
+        dtype: torch.dtype = torch.float,
+        reduction: str = "max",
+        max_priority_within_buffer: bool = False,
+        device: torch.device | str | None = None,
+        *,
+        stratified: bool = False,
+    ) -> None:
+        if isinstance(max_capacity, bool) or not isinstance(max_capacity, numbers.Integral) or max_capacity <= 0:
+            raise CapacityError(f"max_capacity must be a positive integer, got {max_capacity!r}")
+        if dtype not in (torch.float32, torch.float64):
+            raise NotImplementedError(f"dtype {dtype} not supported by PrioritizedSampler: use torch.float or torch.double")
+        if reduction not in _REDUCTIONS:
+            raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+        self._max_capacity = int(max_capacity)
+        self._alpha = _check_exponent("alpha", alpha)
+        self._beta = _check_exponent("beta", beta)
+        self._eps = _check_exponent("eps", eps)
+        self.dtype = dtype
+        self.reduction = reduction
+        self._max_priority_within_buffer = bool(max_priority_within_buffer)
+        self.stratified = bool(stratified)
+        self._device = None if device is None else torch.device(device)
+        self._storage: Any = None
+        self._tree = SumTree(self._max_capacity, dtype=dtype, device=self._device or "cpu")
+        self._max_priority: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def max_size(self) -> int:
+        return self._max_capacity
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the priority tree."""
+        return self._tree.device
+
+    @property
+    def tree(self) -> SumTree:
+        """The sum tree (read it, do not write it)."""
+        return self._tree
+
+    @property
+    def alpha(self) -> float:
+        """The priority exponent.
+
+        Setting it rewrites the stored ``(p + eps) ** alpha`` values for the new exponent in
+        one ``O(capacity)`` pass, so sampling stays consistent (as TorchRL). From ``alpha == 0``
+        the raw priorities cannot be recovered: the stored (uniform) values are kept, with a
+        warning, until each item's priority is next updated.
+        """
+        return self._alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        value = _check_exponent("alpha", value)
+        old, self._alpha = self._alpha, value
+        if value != old:
+            self._retransform(old, value)
+
+    @property
+    def beta(self) -> float:
+        """The importance-sampling exponent; takes effect at the next :meth:`sample`."""
+        return self._beta
+
+    @beta.setter
+    def beta(self, value: float) -> None:
+        self._beta = _check_exponent("beta", value)
+
+    @property
+    def default_priority(self) -> float | torch.Tensor:
+        """The raw priority given to new items: the tracked maximum, or 1.0 before any update.
+
+        A Python float with a CPU tree; a 0-d tensor with a CUDA tree (no synchronisation).
+        """
+        value = self._max_priority[0]
+        if value is None:
+            return 1.0
+        return float(value) if value.device.type == "cpu" else value
+
+    # ------------------------------------------------------------------ storage and devices
+    def _bind(self, storage: Any) -> None:
+        """Remembers ``storage`` and, without an explicit device, moves the tree to the storage's."""
+        if storage is None:
+            return
+        self._storage = storage
+        if self._device is None:
+            device = _storage_device(storage)
+            if device is not None and device != self._tree.device:
+                self._move_to(device)
+
+    def _move_to(self, device: torch.device) -> None:
+        self._tree = self._tree.to(device)
+        value, index = self._max_priority
+        if value is not None:
+            self._max_priority = (value.to(device), None if index is None else index.to(device))
+
+    def _limit(self, storage: Any) -> int:
+        """Priorities may only be set for written items."""
+        if storage is None:
+            return self._max_capacity
+        try:
+            return min(len(storage), self._max_capacity)
+        except TypeError:
+            return self._max_capacity
+
+    def _rest_shape(self, storage: Any, coords: torch.Tensor) -> tuple[int, ...]:
+        """Sizes of storage dims ``1..ndim-1``, to turn coordinates into flat indices."""
+        shape = getattr(storage, "shape", None) if storage is not None else None
+        if shape is not None and len(shape) == coords.shape[-1]:
+            return tuple(int(s) for s in shape[1:])
+        # Without the storage (a plain buffer tells the sampler about writes without it), the
+        # writes cover whole rows of dims 1.., so the largest coordinate + 1 is the size.
+        if coords.numel() == 0:
+            raise SchemaMismatchError("coordinates given without a storage whose shape would place them")
+        return tuple(int(s) + 1 for s in coords[:, 1:].amax(0).tolist())
+
+    # ------------------------------------------------------------------ index and priority conversion
+    def _flat_index(self, index: Any, storage: Any) -> torch.Tensor:
+        """Any accepted index as a 1-D int64 tensor of flat tree indices on the tree's device."""
+        device = self._tree.device
+        if isinstance(index, tuple):
+            index = torch.stack([torch.as_tensor(i, dtype=torch.long, device=device).reshape(-1) for i in index], -1)
+        elif isinstance(index, slice):
+            index = torch.arange(*index.indices(self._max_capacity), device=device)
+        elif not isinstance(index, torch.Tensor):
+            array = np.asarray(index)
+            index = torch.as_tensor(array.astype(np.int64) if array.size == 0 else array)
+        if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
+            raise TypeError(f"index must hold integers, got {index.dtype}")
+        index = index.to(device=device, dtype=torch.long)
+        if index.ndim <= 1:
+            return index.reshape(-1)
+        ndim = getattr(storage, "ndim", None) if storage is not None else None
+        if index.ndim != 2 or (ndim is not None and index.shape[-1] != ndim) or index.shape[-1] < 2:
+            raise SchemaMismatchError(
+                f"an index of shape {list(index.shape)} does not address a storage of ndim {ndim}: expected [B] "
+                "flat indices or [B, ndim] coordinates"
+            )
+        rest = self._rest_shape(storage, index)
+        flat = index[:, 0].clone()
+        for dim, size in enumerate(rest, start=1):
+            coord = index[:, dim]
+            if bool((coord >= size).any()):
+                raise IndexOutOfRangeError(f"coordinate {int(coord.max())} is out of range for storage dim {dim} of size {size}")
+            flat = flat * size + coord
+        # A negative coordinate marks an item to skip, like a negative flat index.
+        return torch.where((index < 0).any(-1), torch.full_like(flat, -1), flat)
+
+    def _priority_tensor(self, priority: Any, n: int) -> torch.Tensor:
+        device = self._tree.device
+        if isinstance(priority, torch.Tensor):
+            priority = priority.detach()
+        else:
+            priority = torch.as_tensor(np.asarray(priority, dtype=np.float64))
+        priority = priority.to(device)
+        if priority.numel() > 1 and priority.numel() != n:
+            raise PriorityError(
+                f"priority of shape {list(priority.shape)} does not match {n} indices: expected one priority per "
+                "index or a single one"
+            )
+        return priority.reshape(-1)
+
+    # ------------------------------------------------------------------ writes
+    def add(self, index: int | torch.Tensor) -> None:
+        """Gives the item written at ``index`` the default priority (the buffer calls this after a write)."""
+        self.mark_update(index)
+
+    def extend(self, index: torch.Tensor | tuple) -> None:
+        """Gives the items written at ``index`` the default priority (the buffer calls this after a write)."""
+        self.mark_update(index)
+
+    def mark_update(self, index: Any, *, storage: Any = None) -> None:
+        """Sets the priority of ``index`` to :attr:`default_priority` (TorchRL's hook for written items)."""
+        self.update_priority(index, self.default_priority, storage=storage)
+
+    @torch.no_grad()
+    def update_priority(self, index: Any, priority: Any, *, storage: Any = None) -> None:
+        """Sets the priorities of the items at ``index``.
+
+        Args:
+            index: an int, a sequence, array or tensor of ints (flat indices), a ``[B, ndim]``
+                tensor or a tuple of ``ndim`` tensors of coordinates for storages with
+                ``ndim > 1``. Negative indices are skipped (``TensorDictMaxValueWriter`` marks
+                dropped items with -1). When an index appears more than once, its last
+                priority wins.
+            priority: one priority per index (any shape with ``B`` elements), or a single one
+                for all; raw, before ``(p + eps) ** alpha``. Any device.
+
+        Keyword Args:
+            storage: the buffer's storage. It bounds the indices to the written range, places
+                coordinates, and fixes the tree's device when none was given.
+
+        Raises:
+            PriorityError: a NaN, infinite or negative priority, or a priority count that is
+                neither 1 nor ``B``.
+            IndexOutOfRangeError: an index past the written range (or the capacity).
+            SchemaMismatchError: an index whose shape fits neither flat indices nor coordinates.
+            TypeError: a non-integer index.
+
+            On any of these nothing changes: priorities, tree and maximum are as they were.
+        """
+        storage = storage if storage is not None else self._storage
+        self._bind(storage)
+        flat = self._flat_index(index, storage)
+        prio = self._priority_tensor(priority, flat.numel())
+        sumtree_update(self._tree, flat, prio, alpha=self._alpha, eps=self._eps, limit=self._limit(storage))
+        self._track_max(flat, prio)
+
+    def _track_max(self, index: torch.Tensor, priority: torch.Tensor) -> None:
+        """Updates the raw maximum priority after a successful update (TorchRL's ``_max_priority``)."""
+        valid = index >= 0
+        if not bool(valid.any()):  # the update itself synchronised already on CUDA
+            return
+        prio = priority.to(torch.float64).expand(index.shape) if priority.numel() == 1 else priority.to(torch.float64)
+        masked = torch.where(valid, prio, torch.full_like(prio, -math.inf))
+        batch_max, at = masked.max(0)
+        batch_index = index[at]
+        current, current_index = self._max_priority
+        if current is None:
+            self._max_priority = (batch_max, batch_index)
+        elif not self._max_priority_within_buffer:
+            # One tensor op, no host synchronisation.
+            self._max_priority = (torch.maximum(current, batch_max), None)
+        else:
+            self._refresh_within_buffer(index, batch_max, batch_index)
+
+    def _refresh_within_buffer(self, index: torch.Tensor, batch_max: torch.Tensor, batch_index: torch.Tensor) -> None:
+        current, current_index = self._max_priority
+        if self._alpha == 0:
+            # The tree holds 1.0 for every item: raw priorities cannot be read back. Keep a
+            # running maximum, as TorchRL does.
+            self._max_priority = (torch.maximum(current, batch_max), current_index)
+            return
+        touched = current_index is None or bool((index == current_index).any())
+        if not touched:
+            if bool(batch_max > current):
+                self._max_priority = (batch_max, batch_index)
+            return
+        # The item holding the maximum got a new priority: read the maximum back from the tree.
+        leaves = self._tree.values()
+        value, at = leaves.max(0)
+        raw = (value.to(torch.float64) ** (1.0 / self._alpha) - self._eps).clamp_min(0)
+        self._max_priority = (raw, at)
+
+    # ------------------------------------------------------------------ sampling
+    def _uniforms(self, batch_size: int) -> torch.Tensor:
+        device = self._tree.device
+        rng = self._rng
+        if rng is None:
+            return torch.rand(batch_size, dtype=torch.float64, device=device)
+        return torch.rand(batch_size, dtype=torch.float64, device=rng.device, generator=rng).to(device)
+
+    def sample(self, storage: Any, batch_size: int) -> tuple[Any, dict]:
+        """Draws ``batch_size`` items in proportion to their transformed priorities.
+
+        Returns:
+            ``(index, info)``: ``index`` is a 1-D int64 tensor (a tuple of them, one per storage
+            dim, for ``ndim > 1``); ``info["priority_weight"]`` holds
+            ``(P_i / P_min) ** (-beta)`` in the sampler's ``dtype``. Both are on the storage's
+            device (the tree's for storages without a device).
+
+        Raises:
+            EmptyBufferError: the storage holds nothing, or (CPU tree) every priority is 0.
+            BatchSizeError: ``batch_size`` is not a positive int.
+        """
+        batch_size = _check_batch_size(batch_size)
+        self._bind(storage)
+        if len(storage) == 0:
+            raise EmptyBufferError(_EMPTY)
+        tree = self._tree
+        if tree.device.type == "cpu" and not bool(tree.total() > 0):
+            raise EmptyBufferError("every priority is 0: nothing can be sampled (use eps > 0)")
+        index, value = sumtree_sample(tree, self._uniforms(batch_size), stratified=self.stratified)
+        weight = importance_weights(value, tree.min(), self._beta)
+        target = _storage_device(storage)
+        if target is not None and target != index.device:
+            index, weight = index.to(target), weight.to(target)
+        if getattr(storage, "ndim", 1) > 1:
+            index = _unravel(index, storage.shape)
+        return index, {"priority_weight": weight}
+
+    # ------------------------------------------------------------------ alpha changes
+    def _retransform(self, old_alpha: float, new_alpha: float) -> None:
+        leaves = self._tree.values()
+        written = leaves > 0
+        if not bool(written.any()):
+            return
+        if old_alpha == 0:
+            warnings.warn(
+                "changing alpha away from 0 cannot recover the raw priorities (alpha == 0 stores 1.0 for every "
+                "item): sampling stays uniform for each item until its priority is next updated",
+                stacklevel=3,
+            )
+            return
+        raw = (leaves.to(torch.float64) ** (1.0 / old_alpha) - self._eps).clamp_min(0)
+        new = torch.where(written, (raw + self._eps) ** new_alpha, torch.zeros_like(raw))
+        leaves.copy_(new.to(self.dtype))
+        sumtree_rebuild(self._tree)
+
+    # ------------------------------------------------------------------ state
+    def _empty(self) -> None:
+        self._tree.clear_()
+        self._max_priority = (None, None)
+
+    def _prefetch_state(self) -> None:
+        # Sampling reads the tree and changes nothing in the sampler (the generator's state is
+        # the buffer's to save): there is nothing to undo for a dropped prefetched batch.
+        return None
+
+    def _prefetch_restore(self, state: None) -> None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain values and CPU tensors: the exponents, the tracked maximum and the tree's leaves."""
+        value, index = self._max_priority
+        return {
+            "_schema_version": self._STATE_SCHEMA_VERSION,
+            "_alpha": self._alpha,
+            "_beta": self._beta,
+            "_eps": self._eps,
+            "_max_capacity": self._max_capacity,
+            "_max_priority": None if value is None else float(value),
+            "_max_priority_index": None if index is None else int(index),
+            "_tree": self._tree.state_dict(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores a :meth:`state_dict`; the tree is rebuilt on this sampler's device.
+
+        Raises:
+            ValueError: the state's capacity or dtype differs from this sampler's.
+        """
+        tree_state = state_dict["_tree"]
+        if int(state_dict["_max_capacity"]) != self._max_capacity or int(tree_state["capacity"]) != self._max_capacity:
+            raise ValueError(
+                f"the state's capacity ({state_dict['_max_capacity']}) differs from this sampler's ({self._max_capacity})"
+            )
+        if tree_state["dtype"] != str(self.dtype).removeprefix("torch."):
+            raise ValueError(f"the state's tree dtype ({tree_state['dtype']}) differs from this sampler's ({self.dtype})")
+        tree = SumTree.from_state_dict(tree_state, device=self._tree.device)
+        self._alpha = _check_exponent("alpha", state_dict["_alpha"])
+        self._beta = _check_exponent("beta", state_dict["_beta"])
+        self._eps = _check_exponent("eps", state_dict["_eps"])
+        self._tree = tree
+        value, index = state_dict["_max_priority"], state_dict.get("_max_priority_index")
+        device = tree.device
+        self._max_priority = (
+            None if value is None else torch.tensor(float(value), dtype=torch.float64, device=device),
+            None if index is None else torch.tensor(int(index), dtype=torch.long, device=device),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(alpha={self._alpha}, beta={self._beta}, eps={self._eps}, "
+            f"reduction={self.reduction}, device={self.device})"
+        )
