@@ -332,8 +332,8 @@ def test_ndim2_storage_sample_and_update():
     assert isinstance(info["index"], tuple) and len(info["index"]) == 2
     rows, cols = info["index"]
     assert torch.equal(sample, rb.storage[:][rows, cols])
-    # Coordinates as a tuple and as a [B, 2] tensor both address flat item row * 4 + col... of
-    # the storage's own layout.
+    # Coordinates as a tuple and as a [B, 2] tensor both address flat item row * cols + col of
+    # the storage's own shape.
     shape = rb.storage.shape
     rb.update_priority((torch.tensor([0, 1]), torch.tensor([1, 2])), torch.tensor([5.0, 7.0]))
     rb.update_priority(torch.tensor([[2, 3]]), torch.tensor([9.0]))
@@ -360,7 +360,7 @@ def test_ndim2_with_plain_buffer_and_tensordicts():
 
 
 # ------------------------------------------------------------------------------ devices
-def test_devices_cpu_cpu_and_listsorage():
+def test_devices_cpu_cpu_and_liststorage():
     rb = _buffer(n=10, sampler_device="cpu")
     _, info = rb.sample(4, return_info=True)
     assert rb.sampler.device.type == "cpu"
