@@ -1,0 +1,236 @@
+"""Buffers on a LazyMemmapStorage shared by real processes (fork and spawn).
+
+The write cursor lives with the storage, so concurrent writers never overwrite each other;
+``shared_init=True`` lets processes that start together create the files exactly once.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import gpubuf
+from gpubuf.storages import _memmap_files
+from gpubuf.storages.memmap import LazyMemmapStorage, StorageNotSharableError
+
+FORK = mp.get_context("fork")
+SPAWN = mp.get_context("spawn")
+
+
+def _rows(wid: int, seq: torch.Tensor) -> TensorDict:
+    return TensorDict({"wid": torch.full_like(seq, wid), "seq": seq}, batch_size=[seq.numel()])
+
+
+def _join(procs, timeout: float = 240.0) -> None:
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        proc.join(max(deadline - time.monotonic(), 1))
+    for proc in procs:
+        if proc.is_alive():
+            proc.kill()
+    assert [p.exitcode for p in procs] == [0] * len(procs)
+
+
+# ------------------------------------------------------------------------- TorchRL's documented use
+def _torchrl_worker(rb):
+    # Updates the replay buffer with new data
+    td = TensorDict({"a": torch.ones(10)}, [10])
+    rb.extend(td)
+
+
+def test_torchrl_sharing_example_fork():
+    rb = gpubuf.TensorDictReplayBuffer(storage=LazyMemmapStorage(21))
+    td = TensorDict({"a": torch.zeros(10)}, [10])
+    rb.extend(td)
+    proc = FORK.Process(target=_torchrl_worker, args=(rb,))
+    proc.start()
+    _join([proc])
+    # the replay buffer now has a length of 20, since the worker updated it
+    assert len(rb) == 20
+    assert (rb[:]["a"][:10] == 0).all()  # data from main process
+    assert (rb[:]["a"][10:20] == 1).all()  # data from remote process
+    assert torch.equal(rb[:]["index"], torch.arange(20))
+    assert rb.write_count == 20 and rb.writer._cursor == 20
+    rb.storage.cleanup()
+
+
+def _storage_worker(storage, wid: int, n: int, batch: int, start_barrier=None):
+    rb = gpubuf.TensorDictReplayBuffer(storage=storage)
+    if start_barrier is not None:
+        start_barrier.wait()
+    for s in range(0, n, batch):
+        rb.extend(_rows(wid, torch.arange(s, min(s + batch, n))))
+
+
+def test_sharing_with_spawned_workers():
+    storage = LazyMemmapStorage(1000)
+    rb = gpubuf.TensorDictReplayBuffer(storage=storage)
+    rb.extend(_rows(-1, torch.arange(5)))
+    procs = [SPAWN.Process(target=_storage_worker, args=(storage, 0, 400, 50))]
+    for p in procs:
+        p.start()
+    _join(procs)
+    assert len(rb) == 405 and rb.write_count == 405
+    data = rb[:]
+    assert torch.equal(data["index"], torch.arange(405))
+    assert data["wid"][:5].eq(-1).all() and torch.equal(data["seq"][5:], torch.arange(400))
+    storage.cleanup()
+
+
+def test_empty_storage_cannot_be_spawned_without_shared_init():
+    storage = LazyMemmapStorage(10)
+    proc = SPAWN.Process(target=_storage_worker, args=(storage, 0, 1, 1))
+    with pytest.raises(StorageNotSharableError):
+        proc.start()
+
+
+# ---------------------------------------------------------------------------- concurrent writers
+def _indexed_worker(storage, wid: int, n: int, batch: int, barrier, returned):
+    rb = gpubuf.TensorDictReplayBuffer(storage=storage)
+    barrier.wait()
+    for s in range(0, n, batch):
+        seq = torch.arange(s, min(s + batch, n))
+        returned[wid, s : s + seq.numel()] = rb.extend(_rows(wid, seq))
+
+
+def _run_writers(capacity: int, workers: int, per_worker: int, batch: int, sample_while_writing: bool = False):
+    storage = LazyMemmapStorage(capacity)
+    rb = gpubuf.TensorDictReplayBuffer(storage=storage, batch_size=512)
+    rb.extend(_rows(-1, torch.arange(1)))  # the parent creates the files
+    rb.empty()
+    returned = torch.full((workers, per_worker), -1, dtype=torch.long).share_memory_()
+    barrier = FORK.Barrier(workers)
+    procs = [
+        FORK.Process(target=_indexed_worker, args=(storage, w, per_worker, batch, barrier, returned))
+        for w in range(workers)
+    ]
+    for p in procs:
+        p.start()
+    samples = 0
+    if sample_while_writing:
+        while any(p.is_alive() for p in procs):
+            if len(rb):
+                batch_td = rb.sample()
+                # Every row below len() holds written data: its stored index is its position.
+                assert torch.equal(rb.storage.get(batch_td["index"])["index"], batch_td["index"])
+                assert (batch_td["wid"] >= 0).all()
+                samples += 1
+            time.sleep(0.005)
+    _join(procs)
+    return rb, returned, samples
+
+
+def test_eight_processes_800k_rows_no_loss_no_duplicate():
+    workers, per_worker = 8, 100_000
+    rb, returned, samples = _run_writers(800_000, workers, per_worker, batch=2_000, sample_while_writing=True)
+    assert len(rb) == 800_000 and rb.write_count == 800_000
+    data = rb.storage.get(torch.arange(800_000))
+    # Each slot holds the row its writer was told it went to.
+    assert torch.equal(data["index"], torch.arange(800_000))
+    assert torch.equal(returned[data["wid"], data["seq"]], torch.arange(800_000))
+    key = data["wid"] * per_worker + data["seq"]
+    assert torch.unique(key).numel() == 800_000  # 800,000 distinct rows: none lost, none duplicated
+    assert int(key.min()) == 0 and int(key.max()) == workers * per_worker - 1
+    assert samples > 0
+    rb.storage.cleanup()
+
+
+def test_concurrent_writers_wrap_around():
+    workers, per_worker, capacity = 8, 25_000, 50_000
+    rb, returned, _ = _run_writers(capacity, workers, per_worker, batch=500)
+    total = workers * per_worker
+    assert len(rb) == capacity and rb.write_count == total
+    assert rb.writer._cursor == total % capacity
+    data = rb.storage.get(torch.arange(capacity))
+    assert torch.equal(data["index"], torch.arange(capacity))
+    # Every surviving row is where its writer put it; no row is there twice.
+    assert torch.equal(returned[data["wid"], data["seq"]], torch.arange(capacity))
+    assert torch.unique(data["wid"] * per_worker + data["seq"]).numel() == capacity
+    # Every reservation got a slot, in order: the returned indices cover each slot total/capacity times.
+    assert torch.equal(torch.bincount(returned.flatten(), minlength=capacity), torch.full((capacity,), total // capacity))
+    rb.storage.cleanup()
+
+
+def _add_worker(storage, wid: int, n: int, barrier):
+    rb = gpubuf.ReplayBuffer(storage=storage)
+    barrier.wait()
+    for i in range(n):
+        rb.add(torch.tensor([wid, i]))
+
+
+def test_add_from_several_processes():
+    storage = LazyMemmapStorage(2_000)
+    barrier = FORK.Barrier(4)
+    rb = gpubuf.ReplayBuffer(storage=storage)
+    rb.add(torch.tensor([-1, 0]))
+    procs = [FORK.Process(target=_add_worker, args=(storage, w, 200, barrier)) for w in range(4)]
+    for p in procs:
+        p.start()
+    _join(procs)
+    assert len(rb) == 801
+    rows = rb[:]
+    assert len({tuple(r) for r in rows.tolist()}) == 801
+    storage.cleanup()
+
+
+# -------------------------------------------------------------------------------------- shared_init
+def _slow_create(real):
+    def create(path, nbytes, *, exclusive):
+        time.sleep(0.1)  # a slow file system: peers must wait, not see half-made files
+        return real(path, nbytes, exclusive=exclusive)
+
+    return create
+
+
+def _shared_init_worker(root: str, wid: int, n: int, barrier, results):
+    _memmap_files.create_file = _slow_create(_memmap_files.create_file)
+    barrier.wait()
+    storage = LazyMemmapStorage(10_000, scratch_dir=root, shared_init=True)
+    rb = gpubuf.TensorDictReplayBuffer(storage=storage)
+    rb.extend(_rows(wid, torch.arange(n)))
+    complete = all(os.path.getsize(path) == 10_000 * 8 for path in storage.files.values())
+    complete = complete and os.path.isfile(os.path.join(root, ".gpubuf", "layout.json"))
+    mine = storage.get(torch.arange(len(storage)))
+    seen = int((mine["wid"] == wid).sum())
+    results[wid] = torch.tensor([int(storage._created_files), int(complete), seen])
+
+
+def test_shared_init_six_processes_started_together(tmp_path):
+    workers, n = 6, 300
+    root = str(tmp_path / "shared")
+    barrier = FORK.Barrier(workers)
+    results = torch.zeros(workers, 3, dtype=torch.long).share_memory_()
+    procs = [FORK.Process(target=_shared_init_worker, args=(root, w, n, barrier, results)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    _join(procs)
+    created, complete, seen = results.unbind(1)
+    assert int(created.sum()) == 1  # exactly one process created the files
+    assert bool(complete.all())  # nobody saw a half-created storage
+    assert torch.equal(seen, torch.full((workers,), n))
+    reader = LazyMemmapStorage(10_000, scratch_dir=root, shared_init=True)
+    assert len(reader) == workers * n and not reader._created_files
+    data = reader.get(torch.arange(workers * n))
+    assert torch.equal(data["index"], torch.arange(workers * n))
+    assert len(set(zip(data["wid"].tolist(), data["seq"].tolist()))) == workers * n
+    assert reader.cleanup() is True  # a scratch_dir of the user's: removal is explicit
+    assert os.listdir(root) == [] if os.path.isdir(root) else True
+
+
+def test_shared_init_storage_built_by_the_parent_spawn():
+    storage = LazyMemmapStorage(1_000, shared_init=True)  # nothing written: the workers initialise it
+    assert os.path.isdir(storage.scratch_dir)
+    procs = [SPAWN.Process(target=_storage_worker, args=(storage, w, 100, 25)) for w in range(2)]
+    for p in procs:
+        p.start()
+    _join(procs)
+    assert len(storage) == 200
+    data = storage.get(torch.arange(200))
+    assert sorted(zip(data["wid"].tolist(), data["seq"].tolist())) == [(w, i) for w in range(2) for i in range(100)]
+    directory = storage.scratch_dir
+    assert storage.cleanup() is True and not os.path.exists(directory)
