@@ -1,0 +1,455 @@
+"""Raw array files: writing tensors with their checksums, reading them back fully verified.
+
+Writing: an array of at least :data:`PACK_THRESHOLD` bytes gets a file of its own
+(``<name>.bin``); smaller arrays of one component are concatenated into ``<component>/packed.bin``
+at 64-byte aligned offsets, so that a ``ListStorage`` of many small tensors is a handful of files
+rather than one per tensor. Tensors on any device are streamed in chunks (a CUDA tensor is
+copied to the host one chunk at a time, never whole).
+
+Reading: every listed file is checked (a regular file inside the checkpoint, the recorded size,
+the recorded CRC-32) while it is read into host memory; the arrays are then views of those
+bytes. Nothing is handed to a codec before every file has passed.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpubuf.checkpoint.errors import CheckpointCorruptError, UnsafeCheckpointError, UnserializableDataError
+from gpubuf.checkpoint.format import (
+    PICKLE_SUFFIXES,
+    check_relpath,
+    dtype_name,
+    parse_dtype,
+    parse_shape,
+    require,
+    require_int,
+    resolve_inside,
+)
+from gpubuf.checkpoint.progress import progress_bar
+
+PACK_THRESHOLD = 1 << 20
+ALIGN = 64
+CHUNK = 16 << 20
+FILE_SUFFIXES = (".bin", ".h5")
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+
+
+def check_array_name(name: str) -> str:
+    """Array names are ``/``-separated segments of ``[A-Za-z0-9_.-]`` (they become file paths)."""
+    parts = name.split("/")
+    if not name or any(not p or p in (".", "..") or not set(p) <= _NAME_CHARS for p in parts):
+        raise ValueError(f"invalid array name {name!r}")
+    return name
+
+
+def as_raw(tensor: torch.Tensor, what: str) -> torch.Tensor:
+    """``tensor`` detached, dense, contiguous, with conj/neg bits resolved; refuses what has no raw bytes.
+
+    Raises:
+        UnserializableDataError: sparse, quantized, nested or meta tensors, or a dtype without a
+            raw representation.
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise UnserializableDataError(f"{what}: expected a tensor, got {type(tensor).__name__}")
+    if tensor.layout != torch.strided or tensor.is_quantized or getattr(tensor, "is_nested", False):
+        raise UnserializableDataError(f"{what}: {tensor.layout} / quantized / nested tensors cannot be written as raw arrays")
+    if tensor.device.type == "meta":
+        raise UnserializableDataError(f"{what}: a tensor on the meta device holds no data to write")
+    dtype_name(tensor.dtype)
+    tensor = tensor.detach()
+    if tensor.is_conj():
+        tensor = tensor.resolve_conj()
+    if tensor.is_neg():
+        tensor = tensor.resolve_neg()
+    return tensor.contiguous()
+
+
+def _byte_view(tensor: torch.Tensor) -> torch.Tensor:
+    flat = tensor.reshape(-1)
+    return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
+
+
+# ---------------------------------------------------------------------- writing
+@dataclass
+class _Pending:
+    name: str
+    tensor: torch.Tensor
+    nbytes: int
+
+
+@dataclass
+class ArraySet:
+    """Tensors to be written, by name; filled by codecs' output, written by :meth:`write`.
+
+    ``live`` arrays already sit in files inside the target directory (a memory-mapped storage
+    dumped where it lives): they are listed, not copied.
+    """
+
+    arrays: dict[str, _Pending] = field(default_factory=dict)
+    live: dict[str, dict] = field(default_factory=dict)
+    h5: dict[str, dict] = field(default_factory=dict)  # file -> {"arrays": [names], "kwargs": {...}}
+    live_files: set = field(default_factory=set)
+
+    def add(self, name: str, tensor: torch.Tensor, *, h5_file: str | None = None, h5_kwargs: dict | None = None) -> None:
+        check_array_name(name)
+        if name in self.arrays or name in self.live:
+            raise ValueError(f"array {name!r} given twice")
+        tensor = as_raw(tensor, name)
+        self.arrays[name] = _Pending(name, tensor, tensor.numel() * tensor.element_size())
+        if h5_file is not None:
+            entry = self.h5.setdefault(h5_file, {"arrays": [], "kwargs": dict(h5_kwargs or {})})
+            entry["arrays"].append(name)
+
+    def add_live(self, name: str | None, file: str, tensor: torch.Tensor | None, offset: int = 0) -> None:
+        """Lists ``file`` (relative to the target) as live: never copied, its size alone recorded.
+
+        With a ``tensor``, the array ``name`` is that tensor's bytes in ``file`` from ``offset`` on;
+        without, the file is listed only (a memory-mapped storage's own bookkeeping files).
+        """
+        self.live_files.add(file)
+        if tensor is None:
+            return
+        check_array_name(name)
+        if name in self.arrays or name in self.live:
+            raise ValueError(f"array {name!r} given twice")
+        self.live[name] = {"file": file, "offset": offset, "dtype": dtype_name(tensor.dtype), "shape": list(tensor.shape),
+                           "nbytes": tensor.numel() * tensor.element_size()}
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.arrays.values())
+
+    def write(self, root: Path, *, desc: str = "gpubuf dump", prefix: str = "", live_root: Path | None = None) -> tuple[dict, dict]:
+        """Writes every array under ``root`` (a fresh directory) and fsyncs each file.
+
+        Args:
+            root: where the files go.
+            prefix: prepended to the recorded file paths (``root`` relative to the checkpoint).
+            live_root: the checkpoint directory, which live file paths are relative to.
+
+        Returns:
+            ``(files, arrays)``, the two tables of ``meta.json``.
+        """
+        files: dict[str, dict] = {}
+        table: dict[str, dict] = {}
+        in_h5 = {name for entry in self.h5.values() for name in entry["arrays"]}
+        own: list[_Pending] = []
+        packs: dict[str, list[_Pending]] = {}
+        for pending in self.arrays.values():
+            if pending.name in in_h5:
+                continue
+            if pending.nbytes >= PACK_THRESHOLD or "/" not in pending.name:
+                own.append(pending)
+            else:
+                packs.setdefault(pending.name.split("/")[0] + "/packed.bin", []).append(pending)
+        bar = progress_bar(self.nbytes, desc)
+        try:
+            for pending in own:
+                rel = pending.name + ".bin"
+                files[rel] = _write_file(root, rel, [(0, pending)], bar)
+                table[pending.name] = _entry(rel, 0, pending)
+            for rel, members in packs.items():
+                placed, offset = [], 0
+                for pending in members:
+                    offset = -(-offset // ALIGN) * ALIGN
+                    placed.append((offset, pending))
+                    table[pending.name] = _entry(rel, offset, pending)
+                    offset += pending.nbytes
+                files[rel] = _write_file(root, rel, placed, bar)
+            for rel, entry in self.h5.items():
+                members = [self.arrays[name] for name in entry["arrays"]]
+                files[rel] = _write_h5(root, rel, members, entry["kwargs"], bar)
+                for pending in members:
+                    table[pending.name] = {**_entry(rel, 0, pending), "dataset": _dataset_name(pending.name)}
+        finally:
+            bar.close()
+        files = {prefix + rel: entry for rel, entry in files.items()}
+        table = {name: {**entry, "file": prefix + entry["file"]} for name, entry in table.items()}
+        for rel in sorted(self.live_files):
+            files[rel] = {"nbytes": os.path.getsize((live_root or root) / rel), "crc32": None, "live": True}
+        for name, entry in self.live.items():
+            table[name] = dict(entry)
+        return files, table
+
+
+def _entry(rel: str, offset: int, pending: _Pending) -> dict:
+    return {
+        "file": rel,
+        "offset": offset,
+        "nbytes": pending.nbytes,
+        "dtype": dtype_name(pending.tensor.dtype),
+        "shape": list(pending.tensor.shape),
+    }
+
+
+def _write_file(root: Path, rel: str, placed: list[tuple[int, _Pending]], bar: Any) -> dict:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    crc = 0
+    position = 0
+    with open(path, "xb") as file:
+        for offset, pending in placed:
+            if offset > position:
+                pad = b"\x00" * (offset - position)
+                file.write(pad)
+                crc = zlib.crc32(pad, crc)
+                position = offset
+            raw = _byte_view(pending.tensor)
+            for start in range(0, pending.nbytes, CHUNK):
+                chunk = raw[start : start + CHUNK]
+                if chunk.device.type != "cpu":
+                    chunk = chunk.cpu()
+                view = memoryview(chunk.numpy())
+                file.write(view)
+                crc = zlib.crc32(view, crc)
+                bar.update(len(view))
+            position += pending.nbytes
+        file.flush()
+        os.fsync(file.fileno())
+    return {"nbytes": position, "crc32": crc}
+
+
+def _dataset_name(name: str) -> str:
+    """The dataset of an array in its component's HDF5 file: its name without the component."""
+    return name.split("/", 1)[1] if "/" in name else name
+
+
+def _write_h5(root: Path, rel: str, members: list[_Pending], kwargs: dict, bar: Any) -> dict:
+    import h5py
+    import numpy as np
+
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with h5py.File(path, "w-") as h5:
+        for pending in members:
+            tensor = pending.tensor.cpu()
+            try:
+                data = tensor.numpy()
+            except TypeError:
+                # bfloat16 / float8 have no numpy dtype: their bytes are stored as uint8.
+                data = _byte_view(tensor).numpy()
+            h5.create_dataset(_dataset_name(pending.name), data=np.ascontiguousarray(data), **kwargs)
+            bar.update(pending.nbytes)
+    crc = 0
+    with open(path, "rb") as file:
+        while chunk := file.read(CHUNK):
+            crc = zlib.crc32(chunk, crc)
+        os.fsync(file.fileno())
+    return {"nbytes": path.stat().st_size, "crc32": crc}
+
+
+# ---------------------------------------------------------------------- reading
+@dataclass(frozen=True)
+class ArraySpec:
+    name: str
+    file: str
+    offset: int
+    nbytes: int
+    dtype: torch.dtype
+    shape: torch.Size
+    dataset: str | None = None
+
+
+def parse_tables(meta: dict) -> tuple[dict[str, dict], dict[str, ArraySpec]]:
+    """Validates the ``files`` and ``arrays`` tables of ``meta.json`` (no file is opened).
+
+    Raises:
+        CheckpointCorruptError: a malformed entry, a size that disagrees with dtype x shape, an
+            array outside its file.
+        UnsafeCheckpointError: a path leading outside the checkpoint, a file type never written.
+    """
+    files: dict[str, dict] = {}
+    for rel, entry in meta["files"].items():
+        where = f"meta.json files[{rel!r}]"
+        check_relpath(rel, where)
+        live = entry.get("live", False) is True
+        if live and rel.lower().endswith(PICKLE_SUFFIXES):
+            raise UnsafeCheckpointError(f"{where}: a pickle file is never part of a checkpoint")
+        if not live and not rel.endswith(FILE_SUFFIXES):
+            raise UnsafeCheckpointError(f"{where}: only {'/'.join(FILE_SUFFIXES)} files are written by a dump")
+        nbytes = require_int(entry, "nbytes", where)
+        crc = require_int(entry, "crc32", where, nullable=live)
+        files[rel] = {"nbytes": nbytes, "crc32": crc, "live": live}
+    specs: dict[str, ArraySpec] = {}
+    for name, entry in meta["arrays"].items():
+        where = f"meta.json arrays[{name!r}]"
+        rel = require(entry, "file", str, where)
+        if rel not in files:
+            raise CheckpointCorruptError(f"{where}: file {rel!r} is not in the files table")
+        offset = require_int(entry, "offset", where)
+        nbytes = require_int(entry, "nbytes", where)
+        dtype = parse_dtype(require(entry, "dtype", str, where), where)
+        shape = parse_shape(require(entry, "shape", list, where), where + ".shape")
+        expected = shape.numel() * dtype.itemsize
+        if nbytes != expected:
+            raise CheckpointCorruptError(
+                f"{where}: {nbytes} bytes recorded, but shape {list(shape)} of {dtype} needs {expected}"
+            )
+        dataset = entry.get("dataset")
+        if dataset is not None and not isinstance(dataset, str):
+            raise CheckpointCorruptError(f"{where}.dataset: expected a string")
+        if dataset is None and not files[rel]["live"]:
+            if offset + nbytes > files[rel]["nbytes"]:
+                raise CheckpointCorruptError(
+                    f"{where}: bytes [{offset}, {offset + nbytes}) lie past the end of {rel!r} ({files[rel]['nbytes']} bytes)"
+                )
+        if dataset is None:
+            if offset % max(dtype.itemsize, 1):
+                raise CheckpointCorruptError(f"{where}: offset {offset} is not aligned to {dtype} elements")
+        specs[name] = ArraySpec(name, rel, offset, nbytes, dtype, shape, dataset)
+    return files, specs
+
+
+def _open_regular(path: Path, rel: str) -> Any:
+    # O_NONBLOCK: opening a FIFO planted under a listed name must not hang the load.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    file = os.fdopen(fd, "rb", buffering=0)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        file.close()
+        raise UnsafeCheckpointError(f"{rel!r} is not a regular file: refused")
+    return file
+
+
+def read_file(root: Path, rel: str, expected: dict, bar: Any) -> torch.Tensor:
+    """Reads a listed file into a new host ``uint8`` tensor, checking its size and CRC-32.
+
+    Raises:
+        CheckpointCorruptError: missing, truncated, oversized, or a checksum mismatch.
+        UnsafeCheckpointError: it resolves outside the checkpoint or is not a regular file.
+    """
+    path = resolve_inside(root, rel, "meta.json files")
+    try:
+        file = _open_regular(path, rel)
+    except FileNotFoundError:
+        raise CheckpointCorruptError(f"{rel!r} is listed in meta.json but missing") from None
+    with file:
+        size = os.fstat(file.fileno()).st_size
+        nbytes = expected["nbytes"]
+        if size != nbytes:
+            raise CheckpointCorruptError(
+                f"{rel!r} is {size} bytes, meta.json records {nbytes}: "
+                + ("truncated" if size < nbytes else "it has trailing bytes")
+            )
+        out = torch.empty(nbytes, dtype=torch.uint8)
+        view = memoryview(out.numpy())
+        crc = 0
+        done = 0
+        while done < nbytes:
+            got = file.readinto(view[done : min(done + CHUNK, nbytes)])
+            if not got:
+                raise CheckpointCorruptError(f"{rel!r} ended after {done} of {nbytes} bytes (truncated while read)")
+            crc = zlib.crc32(view[done : done + got], crc)
+            done += got
+            bar.update(got)
+        if file.read(1):
+            raise CheckpointCorruptError(f"{rel!r} grew past {nbytes} bytes while read")
+    if expected["crc32"] is not None and crc != expected["crc32"]:
+        raise CheckpointCorruptError(f"{rel!r}: CRC-32 {crc:#010x} does not match {expected['crc32']:#010x} in meta.json")
+    return out
+
+
+def view_array(raw: torch.Tensor, spec: ArraySpec) -> torch.Tensor:
+    """The typed array ``spec`` within the bytes ``raw`` of its file (a view, no copy)."""
+    chunk = raw[spec.offset : spec.offset + spec.nbytes]
+    if spec.dtype != torch.uint8:
+        chunk = chunk.view(spec.dtype)
+    return chunk.view(spec.shape)
+
+
+def read_h5_array(path: Path, spec: ArraySpec) -> torch.Tensor:
+    """Reads dataset ``spec.dataset`` of an (already verified) HDF5 file, refusing links to other files.
+
+    Raises:
+        UnsafeCheckpointError: the dataset is a soft or external link, a virtual dataset, or has
+            external storage: any of these reads bytes outside the checked file.
+        CheckpointCorruptError: a missing dataset or one of another dtype / shape.
+    """
+    import h5py
+
+    with h5py.File(path, "r") as h5:
+        link = h5.get(spec.dataset, getlink=True)
+        if link is None:
+            raise CheckpointCorruptError(f"{spec.file!r} has no dataset {spec.dataset!r}")
+        if not isinstance(link, h5py.HardLink):
+            raise UnsafeCheckpointError(f"{spec.file!r}: dataset {spec.dataset!r} is a link: refused")
+        dset = h5[spec.dataset]
+        if not isinstance(dset, h5py.Dataset) or dset.is_virtual or dset.external:
+            raise UnsafeCheckpointError(f"{spec.file!r}: {spec.dataset!r} is not a plain dataset: refused")
+        data = dset[()]
+    tensor = torch.from_numpy(data.copy() if not data.flags.writeable else data).reshape(-1)
+    if tensor.dtype == torch.uint8 and spec.dtype != torch.uint8 and tensor.numel() == spec.nbytes:
+        tensor = tensor.view(spec.dtype)
+    if tensor.dtype != spec.dtype or tensor.numel() != spec.shape.numel():
+        raise CheckpointCorruptError(
+            f"{spec.file!r}: dataset {spec.dataset!r} holds {tensor.numel()} x {tensor.dtype}, meta.json records "
+            f"{list(spec.shape)} x {spec.dtype}"
+        )
+    return tensor.view(spec.shape)
+
+
+def read_arrays(root: Path, files: dict[str, dict], specs: dict[str, ArraySpec], *, desc: str = "gpubuf load") -> dict[str, Any]:
+    """Reads and verifies every non-live file, then returns ``{array name: host tensor}``.
+
+    Arrays of live files are returned as :class:`LiveArray` (their path; nothing is read).
+    """
+    total = sum(f["nbytes"] for f in files.values() if not f["live"])
+    bar = progress_bar(total, desc)
+    raws: dict[str, torch.Tensor] = {}
+    try:
+        for rel, expected in files.items():
+            if not expected["live"]:
+                raws[rel] = read_file(root, rel, expected, bar)
+    finally:
+        bar.close()
+    for rel, expected in files.items():
+        if expected["live"]:
+            # A live file keeps changing after the dump (it is a storage's mapped file): only its
+            # presence as a regular file inside the checkpoint is checked here, its size below.
+            path = resolve_inside(root, rel, "meta.json files")
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                raise CheckpointCorruptError(f"{rel!r} is listed in meta.json but missing") from None
+            if not stat.S_ISREG(st.st_mode):
+                raise UnsafeCheckpointError(f"{rel!r} is not a regular file: refused")
+    out: dict[str, Any] = {}
+    for name, spec in specs.items():
+        if files[spec.file]["live"]:
+            path = resolve_inside(root, spec.file, f"meta.json arrays[{name!r}]")
+            size = os.stat(path).st_size
+            if size < spec.offset + spec.nbytes:
+                raise CheckpointCorruptError(
+                    f"{spec.file!r} is {size} bytes, too short for array {name!r} (bytes up to {spec.offset + spec.nbytes})"
+                )
+            out[name] = LiveArray(path, spec)
+        elif spec.dataset is not None:
+            out[name] = read_h5_array(resolve_inside(root, spec.file, "meta.json"), spec)
+        else:
+            out[name] = view_array(raws[spec.file], spec)
+    return out
+
+
+@dataclass(frozen=True)
+class LiveArray:
+    """An array left in place in a live (memory-mapped) file; a codec maps it itself."""
+
+    path: Path
+    spec: ArraySpec
+
+    def map(self, *, shared: bool = True) -> torch.Tensor:
+        """Maps the file and returns the array's typed view (writes reach the file when ``shared``)."""
+        nbytes = self.spec.offset + self.spec.nbytes
+        raw = torch.from_file(str(self.path), shared=shared, size=nbytes, dtype=torch.uint8)
+        return view_array(raw, self.spec)
+
+    def read(self) -> torch.Tensor:
+        """A private host copy of the array's current bytes."""
+        return self.map(shared=False).clone()
