@@ -5,8 +5,13 @@ by a CUDA tensor.
 """
 
 from gpubuf import errors
-from gpubuf.buffers import ReplayBuffer, TensorDictReplayBuffer
-from gpubuf.samplers import RandomSampler, Sampler, SamplerWithoutReplacement
+from gpubuf.buffers import (
+    PrioritizedReplayBuffer,
+    ReplayBuffer,
+    TensorDictPrioritizedReplayBuffer,
+    TensorDictReplayBuffer,
+)
+from gpubuf.samplers import PrioritizedSampler, RandomSampler, Sampler, SamplerWithoutReplacement
 from gpubuf.storages import LazyTensorStorage, ListStorage, Storage, TensorStorage
 from gpubuf.writers import RoundRobinWriter, TensorDictRoundRobinWriter, Writer
 
@@ -16,6 +21,8 @@ __all__ = [
     "errors",
     "ReplayBuffer",
     "TensorDictReplayBuffer",
+    "PrioritizedReplayBuffer",
+    "TensorDictPrioritizedReplayBuffer",
     "Storage",
     "ListStorage",
     "TensorStorage",
@@ -23,6 +30,7 @@ __all__ = [
     "Sampler",
     "RandomSampler",
     "SamplerWithoutReplacement",
+    "PrioritizedSampler",
     "Writer",
     "RoundRobinWriter",
     "TensorDictRoundRobinWriter",

@@ -18,9 +18,14 @@ import pytest  # noqa: E402
 
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    # Long tests run only when asked for by marker (`-m slow`), so the default run stays short.
+    run_slow = "slow" in (config.getoption("-m") or "")
+    skip_slow = pytest.mark.skip(reason="slow: run with -m slow")
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
+        if "slow" in item.keywords and not run_slow:
+            item.add_marker(skip_slow)
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """Samplers: which items a sample reads."""
 
 from gpubuf.samplers.base import Sampler
+from gpubuf.samplers.prioritized import PrioritizedSampler
 from gpubuf.samplers.random import RandomSampler, SamplerWithoutReplacement
 
-__all__ = ["Sampler", "RandomSampler", "SamplerWithoutReplacement"]
+__all__ = ["Sampler", "RandomSampler", "SamplerWithoutReplacement", "PrioritizedSampler"]
