@@ -27,7 +27,7 @@ import torch
 import torch.utils._pytree as pytree
 from tensordict import TensorDictBase, is_tensorclass
 
-from gpubuf.errors import EmptyBufferError, GpubufError
+from gpubuf.errors import GpubufError, SchemaMismatchError
 from gpubuf.storages import _cleanup
 from gpubuf.storages import _memmap_files as files
 from gpubuf.storages._layout import Layout
@@ -111,6 +111,9 @@ class LazyMemmapStorage(LazyTensorStorage):
             creates the files under a file lock, the others wait on that lock and map the files.
             None of them can see a half-created storage. With ``scratch_dir=None`` the
             temporary directory is created at construction, so that it can be passed to workers.
+            A storage already complete in ``scratch_dir`` is joined as it is (its rows, length
+            and cursor are kept: this is how a reader process attaches to a live buffer); call
+            :meth:`cleanup` on it to start afresh.
         auto_cleanup: remove the files when the process that created them exits (normal exit,
             Ctrl+C, SIGTERM) or when the storage is garbage-collected there. Defaults to
             ``True`` for a temporary directory and ``False`` for a ``scratch_dir`` you gave.
@@ -265,8 +268,6 @@ class LazyMemmapStorage(LazyTensorStorage):
             return self.max_size, []
         rest = list(layout.leaves[0].shape[: self.ndim - 1])
         if len(rest) != self.ndim - 1:
-            from gpubuf.errors import SchemaMismatchError
-
             raise SchemaMismatchError(
                 f"ndim={self.ndim} needs items with at least {self.ndim - 1} batch dims; got item shape "
                 f"{list(layout.leaves[0].shape)}"

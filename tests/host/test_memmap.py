@@ -526,8 +526,6 @@ def test_sparse_files_quick(tmp_path):
 
 
 @pytest.mark.slow
-def test_sparse_files_1e8_rows(tmp_path, request):
-    if "slow" not in (request.config.getoption("markexpr") or "").replace("not slow", ""):
-        pytest.skip("long-running: run with -m slow")
+def test_sparse_files_1e8_rows(tmp_path):
     # 10^8 rows of 292 B is 29.2 GB of files; only the rows written get blocks.
     _sparse_fill_and_sample(tmp_path, capacity=100_000_000, rows=3_000_000, chunk=100_000)

@@ -15,6 +15,7 @@ import torch
 from tensordict import TensorDict
 
 import gpubuf
+from gpubuf.samplers.shared import SharedPrioritizedSampler
 from gpubuf.storages import _memmap_files
 from gpubuf.storages.memmap import LazyMemmapStorage, StorageNotSharableError
 
@@ -67,11 +68,24 @@ def _storage_worker(storage, wid: int, n: int, batch: int, start_barrier=None):
         rb.extend(_rows(wid, torch.arange(s, min(s + batch, n))))
 
 
+def _prioritized_worker(storage, sampler, wid: int, n: int, batch: int, barrier=None):
+    rb = gpubuf.TensorDictReplayBuffer(storage=storage, sampler=sampler)
+    if barrier is not None:
+        barrier.wait()
+    for s in range(0, n, batch):
+        index = rb.extend(_rows(wid, torch.arange(s, min(s + batch, n))))
+        # Rows of worker w get priority w + 1; every tenth row gets 0 (never sampled).
+        priority = torch.full((index.numel(),), float(wid + 1))
+        priority[::10] = 0.0
+        rb.update_priority(index, priority)
+
+
 def test_sharing_with_spawned_workers():
     storage = LazyMemmapStorage(1000)
-    rb = gpubuf.TensorDictReplayBuffer(storage=storage)
+    sampler = SharedPrioritizedSampler(1000, alpha=1.0, beta=0.5)
+    rb = gpubuf.TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=256)
     rb.extend(_rows(-1, torch.arange(5)))
-    procs = [SPAWN.Process(target=_storage_worker, args=(storage, 0, 400, 50))]
+    procs = [SPAWN.Process(target=_prioritized_worker, args=(storage, sampler, 0, 400, 50))]
     for p in procs:
         p.start()
     _join(procs)
@@ -79,6 +93,14 @@ def test_sharing_with_spawned_workers():
     data = rb[:]
     assert torch.equal(data["index"], torch.arange(405))
     assert data["wid"][:5].eq(-1).all() and torch.equal(data["seq"][5:], torch.arange(400))
+    # The worker's priorities reached the parent's tree.
+    leaves = sampler.tree.values()[:405]
+    assert torch.equal(leaves[:5], torch.ones(5))
+    expected = torch.ones(400)
+    expected[::10] = 0
+    assert torch.allclose(leaves[5:].double(), expected.double(), atol=1e-6)
+    batch = rb.sample()
+    assert not bool((batch["seq"] % 10 == 0)[batch["wid"] == 0].any())
     storage.cleanup()
 
 
@@ -234,3 +256,38 @@ def test_shared_init_storage_built_by_the_parent_spawn():
     assert sorted(zip(data["wid"].tolist(), data["seq"].tolist())) == [(w, i) for w in range(2) for i in range(100)]
     directory = storage.scratch_dir
     assert storage.cleanup() is True and not os.path.exists(directory)
+
+
+# ------------------------------------------------------------------------------ shared priorities
+def test_shared_prioritized_sampler_fork():
+    workers, n, capacity = 4, 2_000, 10_000
+    storage = LazyMemmapStorage(capacity)
+    sampler = SharedPrioritizedSampler(capacity, alpha=1.0, beta=1.0)
+    rb = gpubuf.TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=4096)
+    rb.extend(_rows(-1, torch.arange(10)))
+    barrier = FORK.Barrier(workers)
+    procs = [
+        FORK.Process(target=_prioritized_worker, args=(storage, sampler, w, n, 100, barrier)) for w in range(workers)
+    ]
+    for p in procs:
+        p.start()
+    _join(procs)
+    total = 10 + workers * n
+    assert len(rb) == total
+    data = storage.get(torch.arange(total))
+    expected = (data["wid"] + 1).double()
+    expected[data["wid"] >= 0] *= (data["seq"][data["wid"] >= 0] % 10 != 0).double()
+    expected[:10] = 1.0  # the parent's rows kept the default priority
+    # Every process's updates landed in the one tree, and its internal nodes agree with its leaves.
+    leaves = sampler.tree.values()[:total].double()
+    assert torch.allclose(leaves, expected, atol=1e-6)
+    assert float(sampler.tree.total()) == pytest.approx(float(expected.sum()), rel=1e-9)
+    assert sampler.default_priority == 4.0  # the largest priority any process set
+    batch, info = rb.sample(return_info=True)
+    assert not bool(((batch["seq"] % 10 == 0) & (batch["wid"] >= 0)).any())
+    counts = torch.bincount(batch["wid"][batch["wid"] >= 0], minlength=workers).double()
+    share = counts / counts.sum()
+    assert share[3] > share[0] * 2  # priority 4 rows drawn far more than priority 1 rows
+    weight = info["priority_weight"]
+    assert torch.allclose(weight.double(), (leaves[info["index"]] / leaves[leaves > 0].min()) ** -1.0, rtol=1e-5)
+    storage.cleanup()
