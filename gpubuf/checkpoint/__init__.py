@@ -40,9 +40,8 @@ from gpubuf.checkpoint.errors import (
 from gpubuf.checkpoint.format import FORMAT_NAME, FORMAT_VERSION
 from gpubuf.checkpoint.ted import FlatStorageCheckpointer, H5StorageCheckpointer, NestedStorageCheckpointer
 
-# Codecs of components that live in optional modules register themselves on import of this
-# package when those modules exist.
-from gpubuf.checkpoint import extra_codecs as _extra_codecs  # noqa: E402,F401
+# Registers the prioritized sampler's codec.
+from gpubuf.checkpoint import prioritized as _prioritized  # noqa: E402,F401
 
 __all__ = [
     "dump_buffer",

@@ -23,7 +23,7 @@ import torch
 import gpubuf
 from gpubuf.checkpoint import atomic
 from gpubuf.checkpoint.arrays import ArraySet, parse_tables, read_arrays
-from gpubuf.checkpoint.checkpointers import storage_codec
+from gpubuf.checkpoint.base import storage_codec
 from gpubuf.checkpoint.codecs import Codec, Context, H5Array, LiveFile, codec_for
 from gpubuf.checkpoint.errors import (
     CheckpointCorruptError,

@@ -179,7 +179,14 @@ class StateDictCodec(Codec):
             arrays[name] = tensor
             return name
 
-        state = Encoder(add).encode(component.state_dict(), f"{type(component).__name__}.state_dict()")
+        try:
+            raw = component.state_dict()
+        except NotImplementedError:
+            raise UnserializableDataError(
+                f"{type(component).__qualname__} has neither a registered checkpoint codec nor a state_dict(): it cannot "
+                "be checkpointed yet (see gpubuf.checkpoint.register_codec)"
+            ) from None
+        state = Encoder(add).encode(raw, f"{type(component).__name__}.state_dict()")
         return {"class": _key(type(component)), "state": state}, arrays
 
     def from_checkpoint(self, component: Any, state: dict, arrays: Mapping[str, Any], context: Context) -> Apply:

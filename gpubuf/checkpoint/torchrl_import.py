@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from gpubuf.checkpoint.arrays import ArraySpec, read_file, view_array
-from gpubuf.checkpoint.checkpointers import encode_layout
+from gpubuf.checkpoint.layouts import encode_layout
 from gpubuf.checkpoint.errors import (
     CheckpointCorruptError,
     CheckpointMismatchError,
@@ -277,14 +277,9 @@ def _sampler(reader: _Reader, batch_size: int | None) -> tuple[dict, dict]:
     if not reader.exists("sampler"):
         return {"codec": "random_sampler", "codec_version": 1, "class": "torchrl", "state": {}}, {}
     if reader.exists("sampler/sampler_metadata.json"):
-        from gpubuf.checkpoint import extra_codecs
+        from gpubuf.checkpoint.prioritized import torchrl_prioritized_state
 
-        translate = getattr(extra_codecs, "torchrl_prioritized_state", None)
-        if translate is None:
-            raise CheckpointMismatchError(
-                "this TorchRL checkpoint holds a PrioritizedSampler, which this gpubuf cannot import yet"
-            )
-        return translate(reader)
+        return torchrl_prioritized_state(reader)
     if not reader.exists("sampler/meta.json"):
         names = sorted(os.listdir(reader.root / "sampler"))
         raise UnsafeCheckpointError(

@@ -10,7 +10,7 @@ codec, and for transform states. What can be written:
   numeric or bool dtype, numpy scalars, ``bytes``/``bytearray``;
 * ``TensorDict`` (nested, with ``NonTensorData`` leaves of encodable values) and instances of
   ``@tensorclass`` types defined at module level;
-* ``torch.dtype``, ``torch.Size``, ``torch.device``.
+* ``torch.dtype``, ``torch.Size``, ``torch.device``, and a storage's ``Layout``.
 
 Anything else raises :class:`UnserializableDataError` naming where it was found: writing it would
 need pickle, which a checkpoint never holds.
@@ -123,6 +123,13 @@ class Encoder:
             return {"$npscalar": self._numpy(np.asarray(value), where)}
         from tensordict import TensorDictBase, is_tensorclass
 
+        from gpubuf.storages._layout import Layout
+
+        if type(value) is Layout:
+            # Storages keep their layout in their state dicts.
+            from gpubuf.checkpoint.layouts import encode_layout
+
+            return {"$layout": encode_layout(value)}
         if is_tensorclass(value):
             return self._tensorclass(value, where, depth)
         if isinstance(value, TensorDictBase):
@@ -288,6 +295,10 @@ class Decoder:
             return self._tensordict(body, where, d)
         if tag == "$tensorclass":
             return self._tensorclass(value, where, d)
+        if tag == "$layout":
+            from gpubuf.checkpoint.layouts import decode_layout
+
+            return decode_layout(body, where)
         if tag == "$nontensor":
             raise CheckpointCorruptError(f"{where}: non-tensor entry outside a TensorDict")
         raise CheckpointCorruptError(f"{where}: unknown tag {tag!r}")

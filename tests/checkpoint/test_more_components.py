@@ -126,3 +126,39 @@ def test_storage_ensemble(tmp_path):
     load_storage(ensemble(a, b), tmp_path / "e")
     assert len(a) == 3 and torch.equal(a.get(slice(0, 3)), torch.arange(3.0))
     assert b._storage == [{"k": 1}]
+
+
+@pytest.mark.parametrize("module,name,kwargs", [
+    ("gpubuf.storages.codec_storage", "CompressedTensorStorage", {}),
+    ("gpubuf.storages.spill", "SpillStorage", {"device_budget": 100}),
+])
+def test_state_dict_storages(tmp_path, module, name, kwargs):
+    cls = _need(module, name)
+
+    def make(seed):
+        return ReplayBuffer(storage=cls(16, **kwargs), batch_size=3, generator=torch.Generator().manual_seed(seed))
+
+    data = TensorDict({"obs": torch.randint(0, 255, (12, 4, 8), dtype=torch.uint8), "r": torch.arange(12.0)}, [12])
+    rb = make(0)
+    rb.extend(data)
+    rb.dumps(tmp_path / "c")
+    fresh = make(1)
+    fresh.loads(tmp_path / "c")
+    assert len(fresh) == 12
+    for key in ("obs", "r"):
+        assert torch.equal(fresh[:12][key], data[key])
+    same_batches(rb, fresh)
+
+
+def test_component_without_codec_or_state_dict_is_refused(tmp_path):
+    from gpubuf.samplers import RandomSampler
+
+    class Opaque(RandomSampler):
+        def state_dict(self):
+            raise NotImplementedError
+
+    rb = ReplayBuffer(storage=LazyTensorStorage(4), sampler=Opaque())
+    rb.extend(torch.ones(2))
+    with pytest.raises(UnserializableDataError, match="register_codec"):
+        rb.dumps(tmp_path / "c")
+    assert not (tmp_path / "c").exists()

@@ -1,8 +1,7 @@
-"""Codecs of components defined in modules this package does not import at load time.
+"""The codec of ``PrioritizedSampler`` (and the import of TorchRL's prioritized sampler state).
 
-Registrations by bare class name match the gpubuf class of that name wherever it is defined,
-so they apply as soon as the class exists; nothing here imports those modules until a
-component of theirs is actually dumped or loaded.
+It is registered by bare class name, which matches the gpubuf class of that name wherever it is
+defined; the sampler's module is imported only when one of its samplers is dumped or loaded.
 """
 
 from __future__ import annotations
@@ -12,7 +11,6 @@ from typing import Any, Mapping
 
 import torch
 
-from gpubuf.checkpoint.checkpointers import CompressedListStorageCheckpointer, StorageEnsembleCheckpointer
 from gpubuf.checkpoint.codecs import Apply, Codec, Context, _array, check_kind, register_codec, shadow_of
 from gpubuf.checkpoint.errors import CheckpointCorruptError, CheckpointMismatchError
 from gpubuf.checkpoint.format import dtype_name, parse_dtype, require, require_int
@@ -170,5 +168,3 @@ def torchrl_prioritized_state(reader: Any) -> tuple[dict, dict]:
 
 
 register_codec("PrioritizedSampler", PrioritizedSamplerCodec)
-register_codec("StorageEnsemble", StorageEnsembleCheckpointer)
-register_codec("CompressedListStorage", CompressedListStorageCheckpointer)

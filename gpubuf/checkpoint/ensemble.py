@@ -1,0 +1,84 @@
+"""``StorageEnsembleCheckpointer``: each member storage through its own checkpointer."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from gpubuf.checkpoint.base import StorageCheckpointerBase, storage_codec
+from gpubuf.checkpoint.codecs import Apply, Context, _array, register_codec
+from gpubuf.checkpoint.errors import CheckpointMismatchError
+from gpubuf.checkpoint.format import require
+from gpubuf.checkpoint.values import Decoder, Encoder
+
+__all__ = ["StorageEnsembleCheckpointer"]
+
+
+class StorageEnsembleCheckpointer(StorageCheckpointerBase):
+    """Writes a ``StorageEnsemble``: each member through its own checkpointer, under ``m<i>/``.
+
+    Transforms of the ensemble with a ``state_dict`` are written as values (TorchRL uses
+    ``torch.save`` for them; here they carry no pickle either).
+    """
+
+    name = "storage_ensemble"
+
+    @staticmethod
+    def _members(storage: Any) -> list:
+        members = getattr(storage, "_storages", None)
+        if members is None:
+            raise CheckpointMismatchError(f"{type(storage).__name__} is not a storage ensemble")
+        return list(members)
+
+    def to_checkpoint(self, storage: Any, context: Context) -> tuple[dict, dict]:
+        members_state, arrays = [], {}
+        for i, member in enumerate(self._members(storage)):
+            codec = storage_codec(member)
+            state, member_arrays = codec.to_checkpoint(member, context)
+            members_state.append({"codec": codec.name, "codec_version": codec.version, "class": type(member).__qualname__,
+                                  "state": state})
+            arrays.update({f"m{i}/{name}": value for name, value in member_arrays.items()})
+        transforms = []
+        tarrays: dict[str, torch.Tensor] = {}
+
+        def add(tensor: torch.Tensor) -> str:
+            name = f"x{len(tarrays)}"
+            tarrays[name] = tensor
+            return name
+
+        for i, transform in enumerate(getattr(storage, "_transforms", None) or []):
+            sd = getattr(transform, "state_dict", None)
+            transforms.append(None if transform is None or not callable(sd) else Encoder(add).encode(sd(), f"transform {i}"))
+        arrays.update({f"transforms/{k}": v for k, v in tarrays.items()})
+        return {"members": members_state, "transforms": transforms}, arrays
+
+    def from_checkpoint(self, storage: Any, state: dict, arrays: Mapping[str, Any], context: Context) -> Apply:
+        members = self._members(storage)
+        recorded = require(state, "members", list, "storage state")
+        if len(recorded) != len(members):
+            raise CheckpointMismatchError(f"the checkpoint's ensemble has {len(recorded)} storages, the buffer's {len(members)}")
+        applies = []
+        for i, (member, entry) in enumerate(zip(members, recorded)):
+            codec = storage_codec(member)
+            name = require(entry, "codec", str, f"members[{i}]")
+            if not codec.can_load(name):
+                raise CheckpointMismatchError(f"ensemble member {i}: the checkpoint holds a {name!r}, the buffer a {codec.name!r}")
+            prefix = f"m{i}/"
+            local = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+            applies.append(codec.from_checkpoint(member, require(entry, "state", dict, f"members[{i}]"), local, context))
+        transforms = getattr(storage, "_transforms", None) or []
+        decoder = Decoder(lambda name: _array(arrays, f"transforms/{name}"))
+        for i, (transform, value) in enumerate(zip(transforms, state.get("transforms") or [])):
+            if transform is not None and value is not None and callable(getattr(transform, "load_state_dict", None)):
+                decoded = decoder.decode(value, f"transform {i}")
+                applies.append(lambda t=transform, v=decoded: t.load_state_dict(v))
+
+        def apply() -> None:
+            for fn in applies:
+                fn()
+
+        return apply
+
+
+register_codec("StorageEnsemble", StorageEnsembleCheckpointer)
