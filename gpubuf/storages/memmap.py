@@ -462,6 +462,23 @@ class LazyMemmapStorage(LazyTensorStorage):
             if isinstance(err, OSError):
                 raise files.typed_os_error(err, f"cannot open the storage's files in {root}") from err
             raise MemmapStorageError(errno.EIO, f"cannot map the storage's files in {root}: {err}", root) from err
+        if not self._state.shared:
+            # Files found in place (e.g. a checkpoint loaded where this storage keeps its files):
+            # join their shared state, keeping the counters this handle was given.
+            local = self._state
+            try:
+                state = FileState.open(root, max_size=self.max_size, ndim=self.ndim, reset=False)
+            except (OSError, ValueError) as err:
+                for leaf_file in opened:
+                    leaf_file.close()
+                if isinstance(err, ValueError):
+                    raise StorageMismatchError(str(err)) from err
+                raise files.typed_os_error(err, f"cannot open the storage state in {root}") from err
+            with state.lock:
+                state.cursor = local.cursor
+                state.write_count = local.write_count
+                state.length = local.length
+            self._state = state
         if self._auto_device and self.device == "auto":
             self.device = self._pending_device or _CPU
         self._files = opened
