@@ -32,7 +32,8 @@ class PrioritizedSamplerCodec(Codec):
 
     Loading restores the tree bit for bit (no rebuild, so sampling continues exactly as before).
     A tree given by its leaves alone (a TorchRL checkpoint) is rebuilt from them. The tree goes
-    to the sampler's explicit ``device``, else to the recorded one when this machine has it.
+    to the sampler's explicit ``device``, else to the recorded one when this machine has it. A
+    ``SharedPrioritizedSampler`` keeps its shared tree: the values are copied into it.
     """
 
     name = "prioritized_sampler"
@@ -119,6 +120,8 @@ class PrioritizedSamplerCodec(Codec):
         reduction = state.get("reduction", sampler.reduction)
         if reduction not in ("max", "min", "median", "mean"):
             raise CheckpointCorruptError(f"{where}: unknown reduction {reduction!r}")
+        if hasattr(sampler, "_shared_max"):
+            return _apply_shared(sampler, tree, (alpha, beta, eps), max_priority, reduction, state)
         shadow, apply = shadow_of(sampler)
         shadow._tree = tree
         shadow._alpha, shadow._beta, shadow._eps = alpha, beta, eps
@@ -129,6 +132,33 @@ class PrioritizedSamplerCodec(Codec):
         if isinstance(state.get("stratified"), bool):
             shadow.stratified = state["stratified"]
         return apply
+
+
+def _apply_shared(sampler: Any, tree: Any, exponents: tuple, max_priority: tuple, reduction: str, state: dict) -> Apply:
+    """A ``SharedPrioritizedSampler``: other processes map its tree, so the loaded values are
+    copied into that tree (under its lock, at commit time) instead of replacing it."""
+    shared = sampler._tree
+    for label in ("leaves", "sums", "mins"):
+        if getattr(shared, label).shape != getattr(tree, label).shape:
+            raise CheckpointMismatchError(
+                f"the checkpoint's priority tree has another shape than the shared sampler's ({label}): another fanout"
+            )
+    tree = tree.to("cpu")
+
+    def apply() -> None:
+        with sampler._lock:
+            shared.leaves.copy_(tree.leaves)
+            shared.sums.copy_(tree.sums)
+            shared.mins.copy_(tree.mins)
+            sampler._alpha, sampler._beta, sampler._eps = exponents
+            sampler._max_priority = max_priority
+            sampler.reduction = reduction
+            if isinstance(state.get("max_priority_within_buffer"), bool):
+                sampler._max_priority_within_buffer = state["max_priority_within_buffer"]
+            if isinstance(state.get("stratified"), bool):
+                sampler.stratified = state["stratified"]
+
+    return apply
 
 
 def _check_values(values: torch.Tensor, label: str) -> None:
@@ -168,3 +198,4 @@ def torchrl_prioritized_state(reader: Any) -> tuple[dict, dict]:
 
 
 register_codec("PrioritizedSampler", PrioritizedSamplerCodec)
+register_codec("SharedPrioritizedSampler", PrioritizedSamplerCodec)

@@ -162,3 +162,25 @@ def test_component_without_codec_or_state_dict_is_refused(tmp_path):
     with pytest.raises(UnserializableDataError, match="register_codec"):
         rb.dumps(tmp_path / "c")
     assert not (tmp_path / "c").exists()
+
+
+def test_shared_prioritized_sampler_keeps_its_shared_tree(tmp_path):
+    cls = _need("gpubuf.samplers.shared", "SharedPrioritizedSampler")
+
+    def make(seed):
+        return ReplayBuffer(storage=LazyTensorStorage(20), sampler=cls(20, 0.7, 0.5), batch_size=4,
+                            generator=torch.Generator().manual_seed(seed))
+
+    rb = make(0)
+    rb.extend(torch.arange(15.0))
+    rb.update_priority(torch.arange(15), torch.rand(15) * 4)
+    rb.dumps(tmp_path / "c")
+    fresh = make(2)
+    shared = fresh.sampler._tree.leaves
+    fresh.loads(tmp_path / "c")
+    assert fresh.sampler._tree.leaves is shared and shared.is_shared()
+    for name in ("leaves", "sums", "mins"):
+        assert torch.equal(getattr(fresh.sampler._tree, name), getattr(rb.sampler._tree, name))
+    for _ in range(3):
+        (a, ia), (b, ib) = rb.sample(return_info=True), fresh.sample(return_info=True)
+        assert torch.equal(ia["index"], ib["index"]) and torch.equal(ia["priority_weight"], ib["priority_weight"])
