@@ -38,6 +38,7 @@ from gpubuf.checkpoint.format import (
     FORMAT_VERSION,
     META_FILE,
     check_header,
+    check_host,
     is_inside,
     read_json,
     require,
@@ -107,6 +108,7 @@ def _check_target(final: Path) -> None:
 
 
 def _dump(final: Path, components: dict, context: Context, buffer: Any) -> None:
+    check_host()
     atomic.recover(final)
     if final.is_dir():
         atomic.recover_in_place(final, _referenced(final))
@@ -332,6 +334,7 @@ def load_storage(storage: Any, path: Any, *, checkpointer: Codec | None = None) 
 
 
 def _read(final: Path, buffer: Any) -> tuple[dict, dict, Context]:
+    check_host()
     atomic.recover(final)
     if final.is_dir():
         atomic.recover_in_place(final, _referenced(final))

@@ -68,6 +68,20 @@ _DTYPES: dict[str, torch.dtype] = {
 _DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 
 
+def check_host() -> None:
+    """Raw arrays are written and read as the host's bytes, which must be little-endian.
+
+    Raises:
+        CheckpointError: on a big-endian host (no platform torch supports today is one).
+    """
+    import sys
+
+    if sys.byteorder != "little":
+        from gpubuf.checkpoint.errors import CheckpointError
+
+        raise CheckpointError("gpubuf checkpoints are little-endian raw arrays; this host is big-endian")
+
+
 # ---------------------------------------------------------------------- dtypes
 def dtype_name(dtype: torch.dtype) -> str:
     """The name a dtype has in ``meta.json`` (``"float32"``); raises for dtypes without raw bytes."""
