@@ -2,22 +2,25 @@
 
 from __future__ import annotations
 
-import collections
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 from tensordict import TensorDictBase
 
+from gpubuf.buffers._prefetch import Prefetcher
 from gpubuf.buffers._transforms import TransformChain
-from gpubuf.errors import BatchSizeError
+from gpubuf.errors import BatchSizeError, DeviceMismatchError
 from gpubuf.samplers.base import Sampler
 from gpubuf.samplers.random import RandomSampler, _check_batch_size
 from gpubuf.storages._layout import is_tensor_collection
 from gpubuf.storages.base import Storage
 from gpubuf.storages.list import ListStorage
 from gpubuf.writers import RoundRobinWriter, Writer
+
+# The cross-device machinery is imported lazily (``_route``): a buffer whose batches stay where
+# its rows are never needs it.
 
 
 def _stack_anything(items: list) -> Any:
@@ -62,8 +65,16 @@ class ReplayBuffer:
         writer: defaults to :class:`~gpubuf.writers.RoundRobinWriter`.
         collate_fn: applied to what the storage returns for a batch; defaults to identity for
             tensor storages and to stacking for list storages.
-        pin_memory: pin sampled CPU batches (only when CUDA is available).
-        prefetch: number of batches prepared ahead in background threads; needs ``batch_size``.
+        pin_memory: pin sampled CPU batches (only when CUDA is available). The rows are
+            gathered straight into pinned memory, so ``batch.to("cuda", non_blocking=True)``
+            is asynchronous without a second host copy.
+        prefetch: number of batches prepared ahead; needs ``batch_size``. The indices of every
+            batch are drawn in the thread that calls :meth:`sample`, in order, so for the same
+            ``generator`` seed the batches are exactly those of ``prefetch=None``; only the
+            reads (gather, cross-device copy, transform) run ahead, in ``prefetch`` worker
+            threads and, on CUDA, on a side stream. A write (``add``, ``extend``, ``empty``,
+            ``__setitem__``, loading) drops the batches drawn before it and undoes their draws,
+            so no batch older than a write is returned. See :mod:`gpubuf.buffers._prefetch`.
         transform: a callable (or TorchRL transform) applied to sampled batches.
         batch_size: the default batch size of :meth:`sample` and of iteration.
         dim_extend: the dim of extended data that runs along the storage's first dim; defaults
@@ -72,9 +83,26 @@ class ReplayBuffer:
         generator: a ``torch.Generator`` used by every random draw (sampling), for reproducibility.
         shared: accepted for TorchRL compatibility.
         compilable: accepted for TorchRL compatibility.
+        batch_device: (gpubuf extension) the device sampled batches are returned on, when it is
+            not where the storage keeps its rows. ``None`` (default) follows TorchRL: batches go
+            to ``storage.device`` (for a tensor storage, where the rows are; for a memmap
+            storage, its ``device`` argument). With a host storage and ``batch_device="cuda"``
+            the rows are gathered into pinned staging memory and copied by one non-blocking
+            copy per batch on a side stream, which the caller's stream waits for before the
+            batch is returned (see :mod:`gpubuf.staging`); with a CUDA storage and
+            ``batch_device="cpu"`` the gather is one kernel launch and one copy into pinned host
+            memory. Applies to :meth:`sample` and iteration; ``rb[index]`` reads stay on the
+            storage's device.
 
     Raises:
         BatchSizeError: ``prefetch`` without ``batch_size``, or a non-positive ``batch_size``.
+        DeviceMismatchError: ``batch_device`` is a CUDA device and CUDA is not available.
+
+    Examples:
+        >>> rb = ReplayBuffer(storage=LazyTensorStorage(1_000_000), batch_size=4096, prefetch=2,
+        ...                   batch_device="cuda")  # host rows, GPU batches
+        >>> rb.extend(transitions)  # on the host
+        >>> batch = rb.sample()  # on cuda, already copied when the next kernel reads it
     """
 
     def __init__(
@@ -93,6 +121,7 @@ class ReplayBuffer:
         generator: torch.Generator | None = None,
         shared: bool = False,
         compilable: bool | None = None,
+        batch_device: torch.device | str | None = None,
     ) -> None:
         if batch_size is not None:
             _check_batch_size(batch_size)
@@ -127,9 +156,12 @@ class ReplayBuffer:
             raise ValueError(f"dim_extend must be >= 0, got {dim_extend}")
         self._dim_extend = self._storage.ndim - 1 if dim_extend is None else dim_extend
         self._lock = threading.RLock()
+        self._batch_device = _as_batch_device(batch_device)
+        self._route_cache: _Route | None = None
+        self._side_streams: dict = {}
         self._prefetch_cap = int(prefetch or 0)
-        self._prefetch_queue: collections.deque = collections.deque()
         self._prefetch_executor = ThreadPoolExecutor(max_workers=self._prefetch_cap) if self._prefetch_cap else None
+        self._prefetcher = Prefetcher(self._prefetch_cap, self._prefetch_executor) if self._prefetch_cap else None
         self.set_rng(generator)
 
     _default_writer = RoundRobinWriter
@@ -167,12 +199,14 @@ class ReplayBuffer:
 
     def set_rng(self, generator: torch.Generator | None) -> None:
         """Makes every component draw from ``generator`` (None: torch's default generator)."""
+        self._invalidate_prefetch()
         self._rng = generator
         self._storage._rng = generator
         self._sampler._rng = generator
         self._writer._rng = generator
 
     def set_storage(self, storage: Storage, collate_fn: Callable | None = None) -> Storage:
+        self._invalidate_prefetch()
         previous, self._storage = self._storage, storage
         self._writer.register_storage(storage)
         if collate_fn is not None:
@@ -180,6 +214,7 @@ class ReplayBuffer:
         return previous
 
     def set_sampler(self, sampler: Sampler) -> Sampler:
+        self._invalidate_prefetch()
         previous, self._sampler = self._sampler, sampler
         sampler._rng = self._rng
         return previous
@@ -210,6 +245,7 @@ class ReplayBuffer:
         if len(self._transform):
             data = self._transform.inv(data)
         with self._lock:
+            self._invalidate_prefetch()
             index = self._writer.add(data)
             self._sampler.add(index)
         return index
@@ -240,10 +276,10 @@ class ReplayBuffer:
 
     def _extend(self, data: Any) -> torch.Tensor:
         with self._lock:
+            self._invalidate_prefetch()
             data = self._transpose(data)
             index = self._writer.extend(data)
             self._sampler.extend(index)
-            self._prefetch_queue.clear()
         return index
 
     def update_priority(self, index: Any, priority: Any) -> None:
@@ -259,41 +295,206 @@ class ReplayBuffer:
     def empty(self, empty_write_count: bool = True) -> None:
         """Removes every item and resets the cursor (and the write count unless told otherwise)."""
         with self._lock:
+            self._invalidate_prefetch()
             self._writer._empty(empty_write_count=empty_write_count)
             self._sampler._empty()
             self._storage._empty()
-            self._prefetch_queue.clear()
 
     # ------------------------------------------------------------------ reading
+    # A sample is a *draw* (the sampler's indices, under the lock, in the caller's thread) and a
+    # *read* (gather, cross-device copy, transforms), which prefetch runs ahead in workers.
     def _read(self, index: Any, fill: dict | None = None) -> Any:
         """Reads the items at a sampler's ``index``; the gather runs as one op over every leaf.
 
         ``fill`` maps a layout key to a tensor that replaces that leaf instead of gathering it.
+        The batch lands on the buffer's batch device (see ``batch_device``); a CUDA batch made
+        on a side stream is only valid there until :meth:`_hand_out`.
         """
         storage = self._storage
         gather = getattr(storage, "_gather", None)
         if gather is None or not isinstance(index, (torch.Tensor, tuple)):
-            return self._collate_fn(storage.get(index))
+            data = self._collate_fn(storage.get(index))
+            if self._batch_device is not None and hasattr(data, "to"):
+                data = data.to(self._batch_device)
+            return data
         flat = storage._flat_index(index)
-        skip = None
+        skip = value = None
         if fill:
             (key, value), = fill.items()
             skip = storage.layout.index_of(key)
+        transfer = self._route(storage).transfer
+        if transfer is not None:
+            sources: list = list(storage._flat_leaves)
+            fills = {}
+            if skip is not None:
+                sources[skip] = None
+                fills[skip] = value.to(transfer.source)
+            # A sampler may hand out indices on the batch's device (a CUDA priority tree over a
+            # host storage): the gather reads them where the rows are.
+            leaves = transfer.gather(sources, flat.to(transfer.source), fills)
+            return _build_on(storage, leaves, [flat.shape[0]], transfer.target)
         leaves = gather(flat, skip)
         if skip is not None:
             leaves[skip] = value
         return storage._build(leaves, [flat.shape[0]])
 
-    def _sample(self, batch_size: int) -> tuple[Any, dict]:
-        with self._lock:
-            index, info = self._sampler.sample(self._storage, batch_size)
-            info["index"] = index
-            data = self._read(index)
+    def _draw(self, batch_size: int) -> tuple[Any, dict]:
+        """The sampler's indices and info for one batch. Called with the lock held."""
+        index, info = self._sampler.sample(self._storage, batch_size)
+        info["index"] = index
+        return index, info
+
+    def _read_drawn(self, index: Any, info: dict, batch_size: int) -> Any:
+        """Reads the batch of a draw, as a container on the batch device (subclasses add info)."""
+        return self._read(index)
+
+    def _finish(self, data: Any) -> Any:
+        """Transforms and pins a read batch."""
         if len(self._transform):
             data = self._apply_transform(data)
-        if self._pin_memory and torch.cuda.is_available():
-            data = data.pin_memory()
-        return data, info
+        if self._pin_memory and torch.cuda.is_available() and hasattr(data, "pin_memory"):
+            device = getattr(data, "device", None)
+            if device is None or torch.device(device).type == "cpu":
+                data = data.pin_memory()  # a no-op for rows gathered into pinned memory already
+        return data
+
+    def _route(self, storage: Storage | None = None) -> "_Route":
+        """How batches of ``storage`` (default: the buffer's) travel from its rows to the caller.
+
+        Cached per storage and rows' device: recomputed only when the storage is replaced or
+        first allocated.
+        """
+        storage = self._storage if storage is None else storage
+        leaves = getattr(storage, "_flat_leaves", None)
+        if not leaves:
+            return _NO_ROUTE
+        source = leaves[0].device
+        route = self._route_cache
+        if route is not None and route.storage is storage and route.source == source:
+            return route
+        target = self._batch_device
+        if target is None:
+            device = getattr(storage, "device", None)
+            target = device if isinstance(device, torch.device) else source
+        if _same_device(source, target):
+            target = source
+        from gpubuf.staging import CrossDeviceGather, default_slots, transfer_kind
+
+        with self._lock:
+            transfer = None
+            if transfer_kind(source, target, self._pin_memory) is not None:
+                transfer = CrossDeviceGather(
+                    source, target, slots=default_slots(self._prefetch_cap), pin=self._pin_memory
+                )
+            route = self._route_cache = _Route(storage, source, target, transfer)
+        return route
+
+    def _side_stream(self, route: "_Route", prefetching: bool) -> Any:
+        """The side CUDA stream a read runs on, or None to run on the caller's current stream.
+
+        Cross-device reads always use one (a host-to-CUDA copy then overlaps the kernels still
+        queued on the caller's stream); same-device CUDA reads only when prefetching.
+        """
+        if route.transfer is not None:
+            device = route.transfer.stream_device
+        elif prefetching and route.source is not None and route.source.type == "cuda":
+            device = route.source
+        else:
+            return None
+        if device is None:
+            return None
+        side = self._side_streams.get(device)
+        if side is None:
+            from gpubuf.staging import SideStream
+
+            with self._lock:
+                side = self._side_streams.get(device)
+                if side is None:
+                    side = self._side_streams[device] = SideStream(device)
+        return side
+
+    def _mark_ready(self, prefetching: bool = False, route: "_Route | None" = None) -> Any:
+        """After a draw, in the drawing thread: the event a side-stream read waits for, or None.
+
+        Only a read of CUDA rows needs one: the indices were drawn, and earlier writes enqueued,
+        on the caller's stream.
+        """
+        route = self._route() if route is None else route
+        if route.source is None or route.source.type != "cuda":
+            return None
+        side = self._side_stream(route, prefetching)
+        return None if side is None else side.mark_ready()
+
+    def _produce(
+        self,
+        index: Any,
+        info: dict,
+        batch_size: int,
+        ready: Any,
+        *,
+        prefetching: bool = False,
+        release: Callable[[], None] | None = None,
+        route: "_Route | None" = None,
+    ) -> tuple[Any, Any]:
+        """Reads and finishes a drawn batch; returns ``(data, done)``.
+
+        ``done`` is the CUDA event the consumer's stream must wait for (:meth:`_hand_out`), or
+        None when the batch is ready as returned. ``release``, when given, is called right after
+        the read (the caller held the lock for the draw and the read, not for the transforms).
+        """
+        route = self._route() if route is None else route
+        side = self._side_stream(route, prefetching)
+        if side is None:
+            try:
+                data = self._read_drawn(index, info, batch_size)
+            finally:
+                if release is not None:
+                    release()
+            return self._finish(data), None
+        with side.run(ready):
+            try:
+                # The index was allocated on the caller's stream and is read on the side stream:
+                # keep the allocator from reusing it before that read is done.
+                for tensor in index if isinstance(index, tuple) else (index,):
+                    if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+                        tensor.record_stream(side.stream)
+                data = self._read_drawn(index, info, batch_size)
+            finally:
+                if release is not None:
+                    release()
+            data = self._finish(data)
+            # A host batch is complete once read (the copy was waited for); a CUDA batch is
+            # complete for the consumer once its stream has waited for this event.
+            done = side.record() if route.target is not None and route.target.type == "cuda" else None
+        return data, done
+
+    def _hand_out(self, data: Any, done: Any) -> Any:
+        """Makes a batch read on a side stream usable on the caller's current stream."""
+        if done is None:
+            return data
+        from gpubuf.staging import hand_out
+
+        return hand_out(data, done, self._route().target)
+
+    def _sample(self, batch_size: int) -> tuple[Any, dict]:
+        # The lock covers the draw and the read (no write lands between them), not the transforms.
+        lock = self._lock
+        lock.acquire()
+        held = [True]
+
+        def release() -> None:
+            if held[0]:
+                held[0] = False
+                lock.release()
+
+        try:
+            index, info = self._draw(batch_size)
+            route = self._route()
+            ready = self._mark_ready(route=route)
+            data, done = self._produce(index, info, batch_size, ready, release=release, route=route)
+        finally:
+            release()
+        return self._hand_out(data, done), info
 
     def _apply_transform(self, data: Any) -> Any:
         if isinstance(data, TensorDictBase) and data.is_locked:
@@ -319,8 +520,9 @@ class ReplayBuffer:
                 ``"priority_weight"`` for prioritized samplers).
 
         Returns:
-            The batch, in the storage's container kind and on the storage's device; or
-            ``(batch, info)`` when ``return_info`` is True.
+            The batch, in the storage's container kind and on the batch device (the storage's
+            device unless ``batch_device`` says otherwise); or ``(batch, info)`` when
+            ``return_info`` is True. A CUDA batch is ready for the caller's current stream.
 
         Raises:
             BatchSizeError: no batch size given anywhere, or a non-positive one.
@@ -339,17 +541,46 @@ class ReplayBuffer:
         return data
 
     def _sample_prefetched(self, batch_size: int) -> tuple[Any, dict]:
-        # Batches are prepared by worker threads; a write clears the queue so that no batch
-        # predating it is handed out.
+        return self._prefetcher.sample(self, batch_size)
+
+    # The prefetcher's hooks: the state a draw changes, and undoing it.
+    def _draw_state(self) -> tuple:
+        sampler, rng = self._sampler, self._rng
+        custom = getattr(sampler, "_prefetch_state", None)
+        sampler_state = custom() if custom is not None else dict(vars(sampler))
+        return sampler, sampler_state, rng, None if rng is None else rng.get_state()
+
+    def _restore_draw_state(self, state: tuple) -> None:
+        sampler, sampler_state, rng, rng_state = state
+        if sampler is not self._sampler:
+            return  # the sampler was replaced since: nothing of the old one to undo
+        custom = getattr(sampler, "_prefetch_restore", None)
+        if custom is not None:
+            custom(sampler_state)
+        else:
+            vars(sampler).clear()
+            vars(sampler).update(sampler_state)
+        if rng is not None and rng is self._rng:
+            rng.set_state(rng_state)
+
+    def _invalidate_prefetch(self) -> None:
+        """Drops prefetched batches drawn before a write (and undoes their draws); call before writing."""
+        prefetcher = getattr(self, "_prefetcher", None)
+        if prefetcher is not None:
+            with self._lock:
+                prefetcher.invalidate(self)
+
+    def mark_update(self, index: Any) -> None:
+        """Tells the buffer that items at ``index`` were written behind its back (directly into
+        its storage): prefetched batches are dropped, and the sampler is told (TorchRL's hook)."""
         with self._lock:
-            while self._prefetch_queue and self._prefetch_queue[0][0] != batch_size:
-                self._prefetch_queue.popleft()
-            future = self._prefetch_queue.popleft()[1] if self._prefetch_queue else None
-            while len(self._prefetch_queue) < self._prefetch_cap:
-                self._prefetch_queue.append((batch_size, self._prefetch_executor.submit(self._sample, batch_size)))
-        if future is None:
-            return self._sample(batch_size)
-        return future.result()
+            self._invalidate_prefetch()
+            self._sampler.mark_update(index, storage=self._storage)
+
+    @property
+    def batch_device(self) -> torch.device | None:
+        """The device sampled batches are returned on when set explicitly (``batch_device``), else None."""
+        return self._batch_device
 
     def __getitem__(self, index: Any) -> Any:
         """Reads items by index (int, slice, tensor, list), or a whole field by key (``rb["obs"]``)."""
@@ -367,6 +598,7 @@ class ReplayBuffer:
         if len(self._transform):
             value = self._transform.inv(value)
         with self._lock:
+            self._invalidate_prefetch()
             self._storage.set(index, value, set_cursor=False)
 
     def __iter__(self):
@@ -400,6 +632,7 @@ class ReplayBuffer:
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._invalidate_prefetch()
         self._storage.load_state_dict(state_dict["_storage"])
         self._sampler.load_state_dict(state_dict["_sampler"])
         self._writer.load_state_dict(state_dict["_writer"])
@@ -424,8 +657,8 @@ class ReplayBuffer:
         from gpubuf.checkpoint import load_buffer
 
         with self._lock:
+            self._invalidate_prefetch()
             load_buffer(self, path)
-            self._prefetch_queue.clear()
 
     def dump(self, path: Any) -> None:
         """Alias of :meth:`dumps`."""
@@ -452,3 +685,49 @@ def _to(value: Any, device: torch.device) -> Any:
     if isinstance(value, tuple):
         return tuple(_to(v, device) for v in value)
     return value
+
+
+class _Route(NamedTuple):
+    """How batches of one storage travel: rows on ``source``, batches to ``target``, through
+    ``transfer`` (a :class:`~gpubuf.staging.CrossDeviceGather`) when those differ or batches are
+    pinned, else None."""
+
+    storage: Any
+    source: torch.device | None
+    target: torch.device | None
+    transfer: Any
+
+
+_NO_ROUTE = _Route(None, None, None, None)
+
+
+def _as_batch_device(device: Any) -> torch.device | None:
+    """Validates a ``batch_device`` argument; ``"cuda"`` gets the current device's ordinal."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceMismatchError(f"batch_device={device} was asked for, but CUDA is not available here")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    # "cuda" without an ordinal means the current device, as tensors report it.
+    if a.type != b.type:
+        return False
+    if a.type == "cuda" and (a.index is None or b.index is None):
+        current = torch.cuda.current_device()
+        return (current if a.index is None else a.index) == (current if b.index is None else b.index)
+    return a.index == b.index or a.type == "cpu"
+
+
+def _build_on(storage: Any, leaves: list, lead: list, device: torch.device) -> Any:
+    """``storage._build`` for leaves gathered onto ``device`` (a TensorDict records that device)."""
+    layout = storage.layout
+    if layout.kind in ("tensordict", "tensorclass"):
+        item_batch = layout.item_batch[storage.ndim - 1 :]
+        return layout.build(leaves, torch.Size([*lead, *item_batch]), device)
+    return layout.build(leaves, torch.Size(lead), device)

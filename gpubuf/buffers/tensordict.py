@@ -74,6 +74,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
         if len(self._transform):
             data = self._transform.inv(data)
         with self._lock:
+            self._invalidate_prefetch()
             index = self._writer.add(data)
             self._sampler.add(index)
         if isinstance(data, TensorDictBase):
@@ -121,16 +122,14 @@ class TensorDictReplayBuffer(ReplayBuffer):
                 index = index[..., 0]
         self.update_priority(index, priority)
 
-    def _sample(self, batch_size: int) -> tuple[Any, dict]:
-        with self._lock:
-            index, info = self._sampler.sample(self._storage, batch_size)
-            info["index"] = index
-            fill = None
-            layout = getattr(self._storage, "layout", None)
-            if isinstance(self._storage, TensorStorage) and layout is not None and layout.index_of(_INDEX_KEY) is not None:
-                # The stored "index" column is overwritten by the sampler's index below: skip its gather.
-                fill = {_INDEX_KEY: self._index_value(index, layout, batch_size)}
-            data = self._read(index, fill)
+    def _read_drawn(self, index: Any, info: dict, batch_size: int) -> Any:
+        # The draw, transforms and pinning are ReplayBuffer's; this adds the info entries.
+        fill = None
+        layout = getattr(self._storage, "layout", None)
+        if isinstance(self._storage, TensorStorage) and layout is not None and layout.index_of(_INDEX_KEY) is not None:
+            # The stored "index" column is overwritten by the sampler's index below: skip its gather.
+            fill = {_INDEX_KEY: self._index_value(index, layout, batch_size)}
+        data = self._read(index, fill)
         if isinstance(data, TensorDictBase):
             for key, value in info.items():
                 if key == "index" and fill is not None:
@@ -139,11 +138,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
                     value = torch.stack(value, -1)
                 if isinstance(value, torch.Tensor):
                     data.set(key, _expand_as_batch(value.to(data.device) if data.device else value, data.batch_size))
-        if len(self._transform):
-            data = self._apply_transform(data)
-        if self._pin_memory and torch.cuda.is_available():
-            data = data.pin_memory()
-        return data, info
+        return data
 
     def _index_value(self, index: Any, layout: Any, batch_size: int) -> torch.Tensor:
         if isinstance(index, tuple):

@@ -1,0 +1,17 @@
+"""Profiling session: uniform sampling: TensorDictReplayBuffer.sample(B) over a filled LazyTensorStorage.
+
+Runs the ``sample`` workload of :mod:`gpubuf.profiling` under torch.profiler, writes a chrome
+trace to ``profiling/out/`` and prints the top kernels and the host overhead per call. On a
+machine without a GPU it profiles the torch twins on the CPU. Options as ``gpubuf profile``::
+
+    python profiling/profile_sample.py [--device cpu|cuda] [-B 4096] [--rows 100000] [--steps 20]
+"""
+
+import sys
+from pathlib import Path
+
+from gpubuf.profiling import main
+
+if __name__ == "__main__":
+    # Traces go next to this script (profiling/out/) wherever it is run from.
+    raise SystemExit(main(["sample", *sys.argv[1:]], defaults={"out_dir": Path(__file__).parent / "out"}))
