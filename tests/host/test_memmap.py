@@ -292,44 +292,72 @@ _CHILD = textwrap.dedent(
 )
 
 
-def _run_child(tail: str, extra: str = "") -> tuple[subprocess.Popen, str]:
-    code = _CHILD.format(root=ROOT, extra=extra, tail=tail)
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    directory = proc.stdout.readline().strip()
-    assert directory, proc.stderr.read()
-    assert os.path.isfile(os.path.join(directory, "tensor.memmap"))
-    proc.stdin.write("go\n")
-    proc.stdin.flush()
-    time.sleep(0.5)  # let it reach its tail
-    return proc, directory
+class _Child:
+    """A Python process that makes a storage, reports its directory, then runs ``tail`` when told."""
+
+    def __init__(self, tail: str, extra: str = "") -> None:
+        code = _CHILD.format(root=ROOT, extra=extra, tail=tail)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.directory: str | None = None
+
+    def ready(self) -> str:
+        """Waits for the storage's files, lets the child go on to its tail, returns the directory."""
+        self.directory = self.proc.stdout.readline().strip()
+        assert self.directory, self.proc.stderr.read()
+        assert os.path.isfile(os.path.join(self.directory, "tensor.memmap"))
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        time.sleep(0.5)  # let it reach its tail
+        return self.directory
 
 
-def test_cleanup_at_normal_exit():
-    proc, directory = _run_child("pass")
-    assert proc.wait(timeout=60) == 0
+@pytest.fixture(scope="module")
+def children(tmp_path_factory):
+    # Started together: each pays the interpreter and torch start-up, once, side by side.
+    keep = tmp_path_factory.mktemp("keep") / "storage"
+    started = {
+        "exit": _Child("pass"),
+        "sigterm": _Child("time.sleep(60)"),
+        "sigint": _Child("time.sleep(60)"),
+        "user_dir": _Child("pass", extra=f", scratch_dir={str(keep)!r}"),
+    }
+    yield started
+    for child in started.values():
+        if child.proc.poll() is None:
+            child.proc.kill()
+            child.proc.wait()
+
+
+def test_cleanup_at_normal_exit(children):
+    child = children["exit"]
+    directory = child.ready()
+    assert child.proc.wait(timeout=60) == 0
     assert not os.path.exists(directory)
 
 
-def test_cleanup_when_killed_with_sigterm():
-    proc, directory = _run_child("time.sleep(60)")
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == -signal.SIGTERM  # still dies of SIGTERM
+def test_cleanup_when_killed_with_sigterm(children):
+    child = children["sigterm"]
+    directory = child.ready()
+    child.proc.send_signal(signal.SIGTERM)
+    assert child.proc.wait(timeout=60) == -signal.SIGTERM  # still dies of SIGTERM
     assert not os.path.exists(directory)
 
 
-def test_cleanup_on_ctrl_c():
-    proc, directory = _run_child("time.sleep(60)")
-    proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=60)
-    assert "KeyboardInterrupt" in proc.stderr.read()
+def test_cleanup_on_ctrl_c(children):
+    child = children["sigint"]
+    directory = child.ready()
+    child.proc.send_signal(signal.SIGINT)
+    child.proc.wait(timeout=60)
+    assert "KeyboardInterrupt" in child.proc.stderr.read()
     assert not os.path.exists(directory)
 
 
-def test_no_cleanup_of_a_user_dir_at_exit(tmp_path):
-    proc, directory = _run_child("pass", extra=f", scratch_dir={str(tmp_path / 'keep')!r}")
-    assert proc.wait(timeout=60) == 0
+def test_no_cleanup_of_a_user_dir_at_exit(children):
+    child = children["user_dir"]
+    directory = child.ready()
+    assert child.proc.wait(timeout=60) == 0
     assert os.path.isfile(os.path.join(directory, "tensor.memmap"))
 
 
