@@ -11,6 +11,16 @@ from gpubuf.buffers import (
     TensorDictPrioritizedReplayBuffer,
     TensorDictReplayBuffer,
 )
+from gpubuf.checkpoint import (
+    CompressedListStorageCheckpointer,
+    FlatStorageCheckpointer,
+    H5StorageCheckpointer,
+    ListStorageCheckpointer,
+    NestedStorageCheckpointer,
+    StorageCheckpointerBase,
+    StorageEnsembleCheckpointer,
+    TensorStorageCheckpointer,
+)
 from gpubuf.samplers import PrioritizedSampler, RandomSampler, Sampler, SamplerWithoutReplacement
 from gpubuf.storages import LazyTensorStorage, ListStorage, Storage, TensorStorage
 from gpubuf.writers import RoundRobinWriter, TensorDictRoundRobinWriter, Writer
@@ -34,4 +44,12 @@ __all__ = [
     "Writer",
     "RoundRobinWriter",
     "TensorDictRoundRobinWriter",
+    "StorageCheckpointerBase",
+    "TensorStorageCheckpointer",
+    "FlatStorageCheckpointer",
+    "NestedStorageCheckpointer",
+    "H5StorageCheckpointer",
+    "ListStorageCheckpointer",
+    "CompressedListStorageCheckpointer",
+    "StorageEnsembleCheckpointer",
 ]

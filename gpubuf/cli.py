@@ -12,7 +12,7 @@ import importlib
 from typing import Sequence
 
 #: Modules providing ``register(subparsers)``, in the order they appear in ``gpubuf --help``.
-SUBCOMMANDS: tuple[str, ...] = ("gpubuf.benchmark.command",)
+SUBCOMMANDS: tuple[str, ...] = ("gpubuf.benchmark.command", "gpubuf.profiling")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -35,6 +35,12 @@ def test_wheel_ships_gpubuf_and_gpubuf_kernels_only(tmp_path):
     assert top == {"gpubuf", "gpubuf_kernels"}
     names = zipfile.ZipFile(wheel).namelist()
     assert "gpubuf_kernels/gather.py" in names
+    # every source folder of the package ships (a forgotten subpackage breaks installed copies only)
+    shipped = {name.rsplit("/", 1)[0] for name in names if name.endswith(".py")}
+    for init in (ROOT / "gpubuf").rglob("*.py"):
+        folder = init.parent.relative_to(ROOT).as_posix()
+        if "__pycache__" not in folder:
+            assert folder in shipped, f"{folder} is missing from the wheel"
 
 
 BLOCK_TRITON = """

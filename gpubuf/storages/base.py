@@ -97,6 +97,30 @@ class Storage:
         """Adds a hook applied to the data after it is loaded by a checkpointer."""
         self._load_hooks.append(hook)
 
+    def dumps(self, path: Any) -> None:
+        """Writes a pickle-free, crash-safe checkpoint of this storage to directory ``path``."""
+        from gpubuf.checkpoint import dump_storage
+
+        dump_storage(self, path)
+
+    def loads(self, path: Any) -> None:
+        """Restores this storage from a checkpoint written by :meth:`dumps` (validated first)."""
+        from gpubuf.checkpoint import load_storage
+
+        load_storage(self, path)
+
+    def save(self, path: Any) -> None:
+        """Alias of :meth:`dumps`."""
+        self.dumps(path)
+
+    def dump(self, path: Any) -> None:
+        """Alias of :meth:`dumps`."""
+        self.dumps(path)
+
+    def load(self, path: Any) -> None:
+        """Alias of :meth:`loads`."""
+        self.loads(path)
+
     @property
     def checkpointer(self):
         return self._checkpointer
