@@ -1,0 +1,194 @@
+"""A device-resident store of encoded rows: one flat byte arena plus a row table.
+
+Rows are appended at the end of the arena; rewriting a row appends its new bytes and leaves the
+old ones as garbage. When an append does not fit, the live rows are copied, back to back, into
+a new arena (compaction), grown to twice the live size when more than half of it would be live,
+so that each byte is copied O(1) times on average. Nothing here leaves the store's device except
+the few sizes that allocation needs.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from gpubuf.codec.checksum import as_int32, as_uint32, resuffix
+from gpubuf.codec.encoder import EncodedBatch
+from gpubuf.codec.format import RowGeometry
+from gpubuf.ops.decode_rows import RowTable
+
+__all__ = ["RowStore"]
+
+_MIN_ARENA = 1 << 16
+_COPY_CHUNK = 1 << 22  # bytes per compaction step, to bound the index temporaries
+
+
+class RowStore:
+    """Encoded rows of one geometry on one device.
+
+    Args:
+        geometry: the rows' :class:`~gpubuf.codec.format.RowGeometry`.
+        rows: initial number of row slots (grows with :meth:`grow_rows`).
+        device: where the arena and table live.
+        with_refs: keep a reference row per row (frame deduplication); otherwise every row is
+            self-contained.
+
+    Attributes:
+        arena: ``uint8 [capacity]``; bytes ``[0, used)`` have been written.
+        offsets, lengths, checksums, refs: the row table (see
+            :class:`~gpubuf.ops.decode_rows.RowTable`); a slot never written has length 0.
+    """
+
+    def __init__(self, geometry: RowGeometry, rows: int, device: torch.device, *, with_refs: bool = False) -> None:
+        self.geometry = geometry
+        self.device = torch.device(device)
+        self.arena = torch.empty(0, dtype=torch.uint8, device=self.device)
+        self.used = 0
+        self.offsets = torch.zeros(rows, dtype=torch.int64, device=self.device)
+        self.lengths = torch.zeros(rows, dtype=torch.int32, device=self.device)
+        self.checksums = torch.zeros(rows, dtype=torch.int32, device=self.device)
+        self.refs = torch.full((rows,), -1, dtype=torch.int32, device=self.device) if with_refs else None
+
+    # ------------------------------------------------------------------ views
+    @property
+    def rows(self) -> int:
+        return self.offsets.shape[0]
+
+    def table(self) -> RowTable:
+        """The arena and row table as the decode op reads them (views, no copy)."""
+        return RowTable(self.arena, self.offsets, self.lengths, self.checksums, self.refs, self.geometry)
+
+    def live_bytes(self, live: torch.Tensor) -> int:
+        """Stored bytes of the rows where ``live`` (bool ``[rows]``) is True."""
+        return int(self.lengths[live].sum()) if live.numel() else 0
+
+    # ------------------------------------------------------------------ writing
+    def write(
+        self,
+        ids: torch.Tensor,
+        encoded: EncodedBatch,
+        live: Callable[[], torch.Tensor],
+        refs: torch.Tensor | None = None,
+    ) -> None:
+        """Stores ``encoded`` row k as row ``ids[k]``, replacing what was there.
+
+        Args:
+            ids: int64 ``[n]`` distinct row slots in ``[0, rows)``, on the store's device.
+            encoded: the rows' bytes (:func:`~gpubuf.codec.encoder.encode_planes`).
+            live: returns bool ``[rows]``, the rows whose bytes must survive a compaction (the
+                rows being written may be included or not: their old bytes are dropped).
+            refs: int32 ``[n]`` reference rows (stores made ``with_refs``), -1 for none.
+        """
+        need = int(encoded.data.numel())
+        if self.used + need > self.arena.numel():
+            keep = live().clone()
+            keep[ids] = False
+            self._compact(keep, need)
+        start = self.used
+        if need:
+            self.arena[start : start + need].copy_(encoded.data)
+        self.used = start + need
+        self.offsets[ids] = encoded.starts + start
+        self.lengths[ids] = encoded.lengths.to(torch.int32)
+        self.checksums[ids] = as_int32(encoded.checksums)
+        if self.refs is not None:
+            self.refs[ids] = refs if refs is not None else -1
+
+    def _compact(self, keep: torch.Tensor, need: int) -> None:
+        """Moves the rows where ``keep`` into a fresh arena with room for ``need`` more bytes."""
+        kept = keep.nonzero().squeeze(1)
+        lengths = self.lengths.index_select(0, kept).to(torch.int64)
+        live = int(lengths.sum()) if kept.numel() else 0
+        target = live + need
+        capacity = self.arena.numel()
+        if 2 * target > capacity:
+            capacity = max(2 * target, _MIN_ARENA)
+        arena = torch.empty(capacity, dtype=torch.uint8, device=self.device)
+        new_offsets = torch.cumsum(lengths, 0) - lengths
+        self._copy_rows(arena, self.offsets.index_select(0, kept), new_offsets, lengths)
+        # Slots not kept keep length 0 and offset 0: they read as corrupt, never as old bytes.
+        self.offsets.zero_()
+        self.lengths.zero_()
+        self.offsets[kept] = new_offsets
+        self.lengths[kept] = lengths.to(torch.int32)
+        self.arena = arena
+        self.used = live
+
+    def _copy_rows(self, dst: torch.Tensor, src_off: torch.Tensor, dst_off: torch.Tensor, lengths: torch.Tensor) -> None:
+        """``dst[dst_off[k] : +lengths[k]] = arena[src_off[k] : +lengths[k]]`` for every k, chunk by chunk."""
+        n = lengths.shape[0]
+        if n == 0:
+            return
+        ends = torch.cumsum(lengths, 0)
+        first = 0
+        while first < n:
+            # Rows [first, last) of roughly _COPY_CHUNK bytes.
+            base = int(ends[first - 1]) if first else 0
+            last = int(torch.searchsorted(ends, base + _COPY_CHUNK, right=True))
+            last = min(max(last, first + 1), n)
+            ln = lengths[first:last]
+            total = int(ln.sum())
+            if total:
+                seg = torch.repeat_interleave(torch.arange(last - first, device=self.device), ln, output_size=total)
+                within = torch.arange(total, device=self.device) - (torch.cumsum(ln, 0) - ln).index_select(0, seg)
+                src = src_off[first:last].index_select(0, seg) + within
+                dst.index_copy_(0, dst_off[first:last].index_select(0, seg) + within, self.arena.index_select(0, src))
+            first = last
+
+    # ------------------------------------------------------------------ rows
+    def grow_rows(self, rows: int) -> None:
+        """Adds slots so that there are ``rows`` of them (new slots hold nothing)."""
+        extra = rows - self.rows
+        if extra <= 0:
+            return
+        z64 = torch.zeros(extra, dtype=torch.int64, device=self.device)
+        z32 = torch.zeros(extra, dtype=torch.int32, device=self.device)
+        self.offsets = torch.cat([self.offsets, z64])
+        self.lengths = torch.cat([self.lengths, z32])
+        self.checksums = torch.cat([self.checksums, z32])
+        if self.refs is not None:
+            self.refs = torch.cat([self.refs, z32 - 1])
+
+    def keep_rows(self, kept: torch.Tensor, rows: int) -> None:
+        """Renumbers rows: row ``kept[k]`` becomes row ``k``; ``rows`` slots afterwards.
+
+        The caller remaps whatever points at rows. ``refs`` are remapped here, and the checksums
+        of rows whose reference number changed are updated to the new number (see
+        :func:`~gpubuf.codec.checksum.resuffix`). A kept row whose reference row is not kept
+        gets the out-of-range number ``rows`` with its checksum unchanged, so it fails verification
+        on read rather than decoding against another row.
+        """
+        n = kept.shape[0]
+        new_of_old = torch.full((self.rows,), -1, dtype=torch.int64, device=self.device)
+        new_of_old[kept] = torch.arange(n, device=self.device)
+        offsets = self.offsets.index_select(0, kept)
+        lengths = self.lengths.index_select(0, kept)
+        checksums = self.checksums.index_select(0, kept)
+        self.offsets = torch.zeros(rows, dtype=torch.int64, device=self.device)
+        self.lengths = torch.zeros(rows, dtype=torch.int32, device=self.device)
+        self.checksums = torch.zeros(rows, dtype=torch.int32, device=self.device)
+        self.offsets[:n] = offsets
+        self.lengths[:n] = lengths
+        self.checksums[:n] = checksums
+        if self.refs is not None:
+            old_refs = self.refs.index_select(0, kept)
+            mapped = torch.where(old_refs >= 0, new_of_old[old_refs.clamp_min(0).to(torch.int64)], -1)
+            lost = (old_refs >= 0) & (mapped < 0)
+            mapped = torch.where(lost, rows, mapped).to(torch.int32)
+            changed = (mapped != old_refs) & ~lost
+            if bool(changed.any()):
+                fixed = resuffix(as_uint32(checksums), old_refs, mapped)
+                checksums = torch.where(changed, as_int32(fixed), checksums)
+                self.checksums[:n] = checksums
+            self.refs = torch.full((rows,), -1, dtype=torch.int32, device=self.device)
+            self.refs[:n] = mapped
+
+    def empty(self) -> None:
+        """Forgets every row (the arena's memory is kept for reuse)."""
+        self.used = 0
+        self.offsets.zero_()
+        self.lengths.zero_()
+        self.checksums.zero_()
+        if self.refs is not None:
+            self.refs.fill_(-1)

@@ -1,0 +1,465 @@
+"""``CompressedTensorStorage``: a tensor storage whose large leaves are kept compressed on its device.
+
+Chosen leaves (by default every leaf of at least ``min_row_bytes`` bytes per item, such as image
+observations) are stored row by row in the format of :mod:`gpubuf.codec.format`: each row is
+coded on its own, in lines of run-length codes, copies of the line above and, for stacked planes
+(a frame stack), copies of or residuals against the first plane. The rows' bytes live in one
+flat ``uint8`` arena on the storage's device with a small row table. Writing encodes on the
+device of the data (the GPU when the storage is there); sampling decodes only the sampled rows,
+in the same op that gathers them (one Triton launch pair on CUDA, the torch twin on CPU). Every
+read verifies each row's length, structure and Adler-32 checksum and raises
+:class:`~gpubuf.codec.errors.CorruptRowError` rather than return a corrupt row.
+
+Other leaves are kept as plain preallocated tensors, exactly as in
+:class:`~gpubuf.storages.tensor.LazyTensorStorage`. Compression is lossless for every dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from gpubuf.codec.encoder import encode_planes
+from gpubuf.codec.format import RowGeometry
+from gpubuf.codec.store import RowStore
+from gpubuf.errors import (
+    DeviceMismatchError,
+    EmptyBufferError,
+    IndexOutOfRangeError,
+    SchemaMismatchError,
+    UnsupportedDataError,
+)
+from gpubuf.ops.decode_rows import decode_rows, empty_output
+from gpubuf.storages._layout import Layout, is_tensor_collection
+from gpubuf.storages.base import Storage, check_max_size
+from gpubuf.storages.tensor import _as_device, _is_int, _leading_size, _stack_items
+
+__all__ = ["CompressedTensorStorage", "EncodedStorageBase"]
+
+_ENCODE_CHUNK_BYTES = 1 << 22  # input bytes per encode call, to bound temporaries
+
+
+def _norm_key(key: Any) -> tuple:
+    return key if isinstance(key, tuple) else (key,)
+
+
+def encode_rows(rows: torch.Tensor, geometry: RowGeometry, **kwargs):
+    """Encodes ``[n, *shape]`` rows in chunks of a few MiB; returns one :class:`EncodedBatch`."""
+    from gpubuf.codec.encoder import EncodedBatch
+
+    n = rows.shape[0]
+    chunk = max(1, _ENCODE_CHUNK_BYTES // max(geometry.raw_bytes, 1))
+    if n <= chunk:
+        return encode_planes(geometry.to_planes(rows), geometry, **kwargs)
+    parts = []
+    for first in range(0, n, chunk):
+        part = {k: (v[first : first + chunk] if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+        parts.append(encode_planes(geometry.to_planes(rows[first : first + chunk]), geometry, **part))
+    lengths = torch.cat([p.lengths for p in parts])
+    return EncodedBatch(
+        torch.cat([p.data for p in parts]),
+        torch.cumsum(lengths, 0) - lengths,
+        lengths,
+        torch.cat([p.checksums for p in parts]),
+    )
+
+
+class EncodedStorageBase(Storage):
+    """Shared machinery of the storages that keep some leaves encoded (one item per row, ``ndim=1``).
+
+    Subclasses choose the encoded leaves (:meth:`_choose`), write them (:meth:`_write_encoded`)
+    and decode them (:meth:`_read_encoded`); this class handles the layout, plain leaves,
+    cursors, validation (everything is checked before anything is written) and reads.
+    """
+
+    def __init__(self, max_size: int, *, device: Any = "cpu", verify: bool = True, compilable: bool = False) -> None:
+        super().__init__(check_max_size(max_size), compilable=compilable)
+        self._auto_device = device in ("auto", None)
+        self.device = "auto" if self._auto_device else _as_device(device)
+        self.verify = bool(verify)
+        self._layout: Layout | None = None
+        self._plain: dict[int, torch.Tensor] = {}  # leaf position -> [max_size, *shape] tensor
+        self._encoded: list[int] = []  # leaf positions kept encoded
+        self._len_value = 0
+
+    # ------------------------------------------------------------------ subclass hooks
+    def _choose(self, layout: Layout) -> list[int]:
+        raise NotImplementedError
+
+    def _init_encoded(self, layout: Layout, device: torch.device) -> None:
+        raise NotImplementedError
+
+    def _write_encoded(self, ids: torch.Tensor, leaves: list[torch.Tensor], sequential: bool) -> None:
+        """Writes rows ``ids`` (distinct, int64) of every encoded leaf; ``leaves[k]`` is ``[n, *shape]``."""
+        raise NotImplementedError
+
+    def _read_encoded(self, index: torch.Tensor) -> list[torch.Tensor]:
+        """Decodes rows ``index`` of every encoded leaf, in ``self._encoded`` order."""
+        raise NotImplementedError
+
+    def _empty_encoded(self) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ bookkeeping
+    @property
+    def initialized(self) -> bool:
+        return self._layout is not None
+
+    @property
+    def layout(self) -> Layout | None:
+        return self._layout
+
+    @property
+    def _len(self) -> int:
+        return self._len_value
+
+    @_len.setter
+    def _len(self, value: int) -> None:
+        self._len_value = int(value)
+
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def shape(self) -> torch.Size | None:
+        return torch.Size([self._len]) if self.initialized else None
+
+    def _max_size_along_dim0(self, *, single_data: Any = None, batched_data: Any = None) -> int:
+        return self.max_size
+
+    def _flat_index(self, index: Any) -> torch.Tensor:
+        return index[0] if isinstance(index, tuple) else index
+
+    def _rand_given_ndim(self, batch_size: int) -> torch.Tensor:
+        device = self._device_now()
+        return torch.randint(0, self._len, (batch_size,), generator=self._rng, device=device)
+
+    def _device_now(self) -> torch.device | None:
+        return None if self.device == "auto" else self.device
+
+    # ------------------------------------------------------------------ writing
+    def _prepare(self, data: Any, n: int | None) -> tuple[Layout, list[torch.Tensor], bool]:
+        """Validates ``data`` (a batch of ``n`` items, or one item when ``n`` is None) and returns its leaves.
+
+        Leaves come back with a leading dim of ``n`` (1 for a single item) on the storage's
+        device. Nothing is modified.
+        """
+        needs_init = self._layout is None
+        lead = [] if n is None else [n]
+        layout = Layout.from_batch(data, leading=len(lead)) if needs_init else self._layout
+        fixed = self.device if (not needs_init and self._auto_device) else None
+        leaves = layout.split(data, leading=lead, device=fixed)
+        device = leaves[0].device if (needs_init and self._auto_device) else self.device
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise DeviceMismatchError(f"this storage's device is {device} but CUDA is not available here")
+        leaves = [leaf.to(device) if leaf.device != device else leaf for leaf in leaves]
+        if n is None:
+            leaves = [leaf.unsqueeze(0) for leaf in leaves]
+        return layout, leaves, needs_init
+
+    def _install(self, layout: Layout, device: torch.device) -> None:
+        if self._auto_device:
+            self.device = device
+        encoded = self._choose(layout)
+        self._encoded = encoded
+        self._plain = {
+            i: torch.empty((self.max_size, *spec.shape), dtype=spec.dtype, device=device)
+            for i, spec in enumerate(layout.leaves)
+            if i not in encoded
+        }
+        self._layout = layout
+        self._init_encoded(layout, device)
+
+    def _write(self, ids: torch.Tensor, leaves: list[torch.Tensor], sequential: bool) -> None:
+        for i, store in self._plain.items():
+            store.index_copy_(0, ids, leaves[i])
+        if self._encoded:
+            self._write_encoded(ids, [leaves[i] for i in self._encoded], sequential)
+
+    def _write_rows(self, start: int, data: Any) -> int:
+        """Round-robin write of a batch from row ``start`` on (the writers' path); returns its length."""
+        if isinstance(data, list):
+            data = _stack_items(data)
+        n = _leading_size(data)
+        layout, leaves, needs_init = self._prepare(data, n)
+        if needs_init:
+            self._install(layout, leaves[0].device)
+        skip = max(n - self.max_size, 0)
+        count = n - skip
+        device = leaves[0].device
+        ids = (torch.arange(count, device=device) + start + skip) % self.max_size
+        self._write(ids, [leaf[skip:] for leaf in leaves], sequential=True)
+        self._len = min(self._len + n, self.max_size)
+        return n
+
+    def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
+        """Writes ``data`` at ``cursor`` (an int for one item; a slice, sequence or 1-D tensor for a batch).
+
+        When a batch names a row twice, the last item for it is kept.
+
+        Raises:
+            SchemaMismatchError, DTypeMismatchError, DeviceMismatchError, UnsupportedDataError:
+                the data does not fit; nothing is written.
+            IndexOutOfRangeError: a cursor outside ``[-max_size, max_size)``; nothing is written.
+        """
+        if isinstance(data, list):
+            data = _stack_items(data)
+        if _is_int(cursor):
+            rows = torch.tensor([int(cursor)])
+            n = None
+        else:
+            if isinstance(cursor, slice):
+                rows = torch.arange(self.max_size)[cursor]
+            elif isinstance(cursor, tuple):
+                rows = torch.as_tensor(cursor[0]).reshape(-1)
+            else:
+                rows = torch.as_tensor(np.asarray(cursor) if not isinstance(cursor, torch.Tensor) else cursor.cpu())
+                rows = rows.reshape(-1)
+            n = rows.numel()
+        rows = rows.to(torch.int64)
+        if rows.numel() and (int(rows.min()) < -self.max_size or int(rows.max()) >= self.max_size):
+            raise IndexOutOfRangeError(f"cursor out of range for a storage of {self.max_size} rows")
+        rows = rows % self.max_size
+        layout, leaves, needs_init = self._prepare(data, n)
+        if n is not None and rows.numel() == 0:
+            return
+        if needs_init:
+            self._install(layout, leaves[0].device)
+        device = leaves[0].device
+        # Keep the last item written to each row.
+        order = torch.arange(rows.numel())
+        last = torch.full((self.max_size,), -1, dtype=torch.int64).scatter_reduce_(0, rows, order, "amax")
+        keep = (last[rows] == order).nonzero().squeeze(1)
+        ids = rows[keep].to(device)
+        keep_d = keep.to(device)
+        self._write(ids, [leaf.index_select(0, keep_d) for leaf in leaves], sequential=False)
+        if set_cursor:
+            self._len = min(self._len + rows.numel(), self.max_size)
+
+    # ------------------------------------------------------------------ reading
+    def _check_readable(self) -> None:
+        if self._layout is None or self._len == 0:
+            raise EmptyBufferError("cannot read from an empty storage: write data to it first")
+
+    def _gather(self, index: torch.Tensor, skip: int | None = None) -> list:
+        """The sample path: ``index`` is a 1-D int64 tensor of in-range rows on the storage's device."""
+        leaves: list = [None] * len(self._layout.leaves)
+        for i, store in self._plain.items():
+            if i != skip:
+                leaves[i] = store.index_select(0, index)
+        if self._encoded:
+            for i, value in zip(self._encoded, self._read_encoded(index)):
+                leaves[i] = value
+        if skip is not None:
+            leaves[skip] = None
+        return leaves
+
+    def _build(self, leaves: list, lead: Sequence[int], consumed: int | None = None) -> Any:
+        layout = self._layout
+        if layout.kind in ("tensordict", "tensorclass"):
+            return layout.build(leaves, torch.Size([*lead, *layout.item_batch]), self.device)
+        return layout.build(leaves, torch.Size(lead), self.device)
+
+    def get(self, index: Any) -> Any:
+        """Reads items: an int gives one item; a slice, sequence or 1-D tensor gives a batch.
+
+        Negative indices count from the end of the written range.
+
+        Raises:
+            EmptyBufferError: nothing was written yet.
+            IndexOutOfRangeError: an index outside the written range.
+            CorruptRowError: a stored row failed verification.
+        """
+        self._check_readable()
+        n = self._len
+        single = _is_int(index)
+        if single:
+            rows = torch.tensor([int(index)])
+        elif isinstance(index, slice):
+            rows = torch.arange(n)[index]
+        elif isinstance(index, tuple):
+            if len(index) != 1:
+                raise IndexOutOfRangeError(f"{type(self).__name__} has one dimension; got an index of {len(index)}")
+            return self.get(index[0])
+        else:
+            rows = index if isinstance(index, torch.Tensor) else torch.as_tensor(np.asarray(index))
+            if rows.dtype == torch.bool:
+                rows = rows.nonzero().squeeze(1)
+            rows = rows.reshape(-1)
+        rows = rows.to(torch.int64)
+        if rows.numel():
+            lo, hi = int(rows.min()), int(rows.max())
+            if lo < -n or hi >= n:
+                bad = lo if lo < -n else hi
+                raise IndexOutOfRangeError(f"index {bad} is out of range for a storage of length {n}")
+        rows = torch.where(rows < 0, rows + n, rows).to(self.device)
+        leaves = self._gather(rows)
+        out = self._build(leaves, [rows.numel()])
+        return out[0] if single else out
+
+    # ------------------------------------------------------------------ misc
+    def _empty(self) -> None:
+        self._len = 0
+        if self._layout is not None:
+            self._empty_encoded()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(max_size={self.max_size}, len={len(self)}, device={self.device}, layout={self._layout})"
+
+
+class CompressedTensorStorage(EncodedStorageBase):
+    """A lazily allocated tensor storage whose large leaves are stored compressed, row by row.
+
+    Same interface as :class:`~gpubuf.storages.tensor.LazyTensorStorage` (``ndim=1``): store
+    tensors, TensorDicts (nested keys), tensorclasses or pytrees of tensors; sample through a
+    :class:`~gpubuf.buffers.ReplayBuffer`. Compressed leaves decode bit for bit (every dtype,
+    any item shape, including empty ones). See :mod:`gpubuf.codec.format` for the row format.
+
+    Args:
+        max_size: capacity in items.
+
+    Keyword Args:
+        device: where data, compressed rows and sampled batches live: ``"cpu"`` (default),
+            ``"cuda"``, a ``torch.device``, or ``"auto"``/``None`` for the first batch's device.
+            Encoding runs there (on the GPU for a CUDA storage); so does decoding.
+        compress_keys: leaves to compress (keys of a TensorDict/tensorclass, e.g.
+            ``["observation", ("next", "observation")]``; ``()`` for a plain tensor). By default
+            every leaf of at least ``min_row_bytes`` bytes per item.
+        min_row_bytes: the default's threshold (1024).
+        verify: verify the checksum of every row read (length and structure are always checked).
+        compilable: accepted for TorchRL compatibility.
+
+    Examples:
+        >>> storage = CompressedTensorStorage(100_000, device="cuda")
+        >>> rb = ReplayBuffer(storage=storage, batch_size=256)
+        >>> rb.extend(TensorDict(observation=frames_u8, action=actions, batch_size=[n]))
+        >>> storage.stats()["ratio"]  # raw bytes / stored bytes of the compressed leaves
+    """
+
+    def __init__(
+        self,
+        max_size: int,
+        *,
+        device: Any = "cpu",
+        compress_keys: Sequence[Any] | None = None,
+        min_row_bytes: int = 1024,
+        verify: bool = True,
+        compilable: bool = False,
+    ) -> None:
+        super().__init__(max_size, device=device, verify=verify, compilable=compilable)
+        self.compress_keys = None if compress_keys is None else [_norm_key(k) for k in compress_keys]
+        self.min_row_bytes = int(min_row_bytes)
+        self._stores: list[RowStore] = []
+
+    def _choose(self, layout: Layout) -> list[int]:
+        if self.compress_keys is None:
+            return [i for i, spec in enumerate(layout.leaves) if spec.row_bytes >= self.min_row_bytes]
+        chosen = []
+        for key in self.compress_keys:
+            pos = layout.index_of(key)
+            if pos is None:
+                raise SchemaMismatchError(f"compress_keys names {key!r}, which the data does not have")
+            chosen.append(pos)
+        return sorted(chosen)
+
+    def _init_encoded(self, layout: Layout, device: torch.device) -> None:
+        self._stores = [
+            RowStore(RowGeometry.of(layout.leaves[i].dtype, layout.leaves[i].shape), self.max_size, device)
+            for i in self._encoded
+        ]
+
+    def _live(self) -> torch.Tensor:
+        # Every slot written so far may be read; unwritten slots have length 0 and cost nothing.
+        return self._stores[0].lengths > 0 if self._stores else torch.zeros(0, dtype=torch.bool)
+
+    def _write_encoded(self, ids: torch.Tensor, leaves: list[torch.Tensor], sequential: bool) -> None:
+        for store, leaf in zip(self._stores, leaves):
+            encoded = encode_rows(leaf, store.geometry)
+            store.write(ids, encoded, lambda store=store: store.lengths > 0)
+
+    def _read_encoded(self, index: torch.Tensor) -> list[torch.Tensor]:
+        return [
+            decode_rows(store.table(), index, verify=self.verify, check_bounds=False) for store in self._stores
+        ]
+
+    def _empty_encoded(self) -> None:
+        for store in self._stores:
+            store.empty()
+
+    # ------------------------------------------------------------------ sizes
+    def stats(self) -> dict[str, Any]:
+        """Sizes of the compressed leaves over the rows currently held.
+
+        Returns:
+            ``rows``; ``raw_bytes`` (what the compressed leaves would take uncompressed);
+            ``stored_bytes`` (their row bytes plus the row table, 16 bytes per row: offset,
+            length, checksum); ``arena_bytes`` (memory allocated for row bytes, garbage and
+            headroom included); ``ratio`` = raw / stored; ``per_key``: the same per leaf.
+        """
+        per_key = {}
+        total_raw = total_stored = total_arena = 0
+        for pos, store in zip(self._encoded, self._stores):
+            live = store.lengths > 0
+            rows = int(live.sum())
+            raw = rows * store.geometry.raw_bytes
+            stored = store.live_bytes(live) + rows * 16
+            per_key[self._layout.leaves[pos].key] = {"rows": rows, "raw_bytes": raw, "stored_bytes": stored}
+            total_raw += raw
+            total_stored += stored
+            total_arena += store.arena.numel()
+        return {
+            "rows": self._len,
+            "raw_bytes": total_raw,
+            "stored_bytes": total_stored,
+            "arena_bytes": total_arena,
+            "ratio": total_raw / total_stored if total_stored else float("nan"),
+            "per_key": per_key,
+        }
+
+    def bytes(self) -> int:
+        """Stored bytes of the compressed leaves (as ``CompressedListStorage.bytes()`` reports)."""
+        return self.stats()["stored_bytes"]
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """The storage's content: plain leaves, and per compressed leaf its arena (trimmed) and row table."""
+        return {
+            "_len": self._len,
+            "_layout": self._layout,
+            "_encoded": list(self._encoded),
+            "plain": {i: t.clone() for i, t in self._plain.items()},
+            "stores": [
+                {
+                    "arena": s.arena[: s.used].clone(),
+                    "offsets": s.offsets.clone(),
+                    "lengths": s.lengths.clone(),
+                    "checksums": s.checksums.clone(),
+                }
+                for s in self._stores
+            ],
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        layout = state_dict["_layout"]
+        if layout is None:
+            self._layout = None
+            self._len = 0
+            return
+        device = self.device if not self._auto_device else next(iter(state_dict["plain"].values()), state_dict["stores"][0]["arena"]).device
+        self._layout = None
+        self._install(layout, torch.device(device))
+        if list(self._encoded) != list(state_dict["_encoded"]):
+            self._encoded = list(state_dict["_encoded"])
+            self._plain = {int(i): None for i in state_dict["plain"]}
+            self._init_encoded(layout, self.device)
+        for i, t in state_dict["plain"].items():
+            self._plain[int(i)] = t.to(self.device).clone()
+        for store, saved in zip(self._stores, state_dict["stores"]):
+            store.arena = saved["arena"].to(self.device).clone()
+            store.used = store.arena.numel()
+            store.offsets = saved["offsets"].to(self.device).clone()
+            store.lengths = saved["lengths"].to(self.device).clone()
+            store.checksums = saved["checksums"].to(self.device).clone()
+        self._len = int(state_dict["_len"])

@@ -1,0 +1,320 @@
+"""``FrameStackStorage``: stacked observations stored once per frame, compressed, decoded on sampling.
+
+Atari-style pipelines store ``obs[t] = frames[t-3 .. t]`` and ``next_obs[t] = obs[t+1]``: every
+frame appears up to eight times. This storage keeps each distinct frame once, compressed (see
+:mod:`gpubuf.codec.format`), and each stacked row as references to its frames; sampling decodes
+the referenced frames straight into the stacked output in one fused op.
+
+**Which frames are shared** is decided by comparing bytes (:func:`gpubuf.codec.framestack.match_frames`):
+a slot of a new row reuses a stored frame only when its bytes are identical to it, so the result
+is exact whatever the episode structure (episode starts that repeat their first frame, resets,
+truncations) and whatever the data. Candidates are the previous row (the last one written before,
+for the first row of a batch) and the row itself; rows written in another order (for example
+interleaved environments) are stored correctly but share fewer frames.
+
+**Key frames.** A new frame is coded against a recent *key frame* of the same stream (its
+predecessor's key, found through the frame before it in its stack), which makes most of its
+lines free copies or small residuals; every ``key_interval``-th frame of a stream is a key,
+coded on its own. A key frame is kept as long as a stored frame refers to it.
+
+Non-stacked leaves (actions, rewards, flags) are plain tensors as in
+:class:`~gpubuf.storages.tensor.LazyTensorStorage`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from gpubuf.codec.format import RowGeometry
+from gpubuf.codec.framestack import match_frames
+from gpubuf.codec.store import RowStore
+from gpubuf.errors import SchemaMismatchError
+from gpubuf.ops.decode_rows import decode_rows, empty_output
+from gpubuf.storages._layout import Layout
+from gpubuf.storages.codec_storage import EncodedStorageBase, _norm_key, encode_rows
+
+__all__ = ["FrameStackStorage"]
+
+
+def _base_of(key: tuple, keys: list[tuple]) -> int | None:
+    """Position in ``keys`` of the base leaf of a next leaf: ``("next", *k)`` or ``"next_<name>"``."""
+    if len(key) > 1 and key[0] == "next" and key[1:] in keys:
+        return keys.index(key[1:])
+    if len(key) == 1 and isinstance(key[0], str) and key[0].startswith("next_") and (key[0][5:],) in keys:
+        return keys.index((key[0][5:],))
+    return None
+
+
+class FrameStackStorage(EncodedStorageBase):
+    """A storage of stacked observations that stores each frame once, compressed.
+
+    Same interface as :class:`~gpubuf.storages.tensor.LazyTensorStorage` (``ndim=1``). Sampled
+    batches equal, bit for bit, what a plain storage of the same rows returns.
+
+    Args:
+        max_size: capacity in items (transitions).
+
+    Keyword Args:
+        stack_keys: the stacked leaves, each of item shape ``[S, *frame_shape]`` (the stack is the
+            first item dim, as TorchRL's ``CatFrames(dim=-3)`` gives ``[4, 84, 84]``). A next leaf,
+            ``("next", *key)`` or ``"next_<name>"``, whose base leaf is also stacked is matched
+            against it. By default every
+            leaf whose items have at least 3 dims. All stacked leaves share dtype, ``S`` and
+            frame shape.
+        key_interval: a stream's frames are coded against a key frame; every
+            ``key_interval``-th frame is a key (1 codes every frame on its own).
+        device: ``"cpu"`` (default), ``"cuda"``, a ``torch.device``, or ``"auto"``/``None``.
+            Matching, encoding and decoding run there.
+        verify: verify the checksum of every frame read (length and structure are always checked).
+        compilable: accepted for TorchRL compatibility.
+
+    Raises:
+        SchemaMismatchError: on the first write, when no leaf is stacked or the stacked leaves
+            differ in dtype, stack size or frame shape.
+    """
+
+    def __init__(
+        self,
+        max_size: int,
+        *,
+        stack_keys: Sequence[Any] | None = None,
+        key_interval: int = 4,
+        device: Any = "cpu",
+        verify: bool = True,
+        compilable: bool = False,
+    ) -> None:
+        super().__init__(max_size, device=device, verify=verify, compilable=compilable)
+        if isinstance(key_interval, bool) or not isinstance(key_interval, int) or key_interval < 1:
+            raise ValueError(f"key_interval must be a positive int, got {key_interval!r}")
+        self.stack_keys = None if stack_keys is None else [_norm_key(k) for k in stack_keys]
+        self.key_interval = key_interval
+        self._tail: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (slot, frame ids [J, S], bytes [J, S, FB])
+
+    # ------------------------------------------------------------------ layout
+    def _choose(self, layout: Layout) -> list[int]:
+        if self.stack_keys is None:
+            chosen = [i for i, spec in enumerate(layout.leaves) if len(spec.shape) >= 3]
+        else:
+            chosen = []
+            for key in self.stack_keys:
+                pos = layout.index_of(key)
+                if pos is None:
+                    raise SchemaMismatchError(f"stack_keys names {key!r}, which the data does not have")
+                chosen.append(pos)
+            chosen.sort()
+        if not chosen:
+            raise SchemaMismatchError("no stacked leaf: give stack_keys, or leaves of item shape [S, H, W]")
+        specs = [layout.leaves[i] for i in chosen]
+        first = specs[0]
+        if len(first.shape) < 1:
+            raise SchemaMismatchError(f"stacked leaf {first.key!r} has no stack dim")
+        for spec in specs[1:]:
+            if spec.dtype != first.dtype or spec.shape != first.shape:
+                raise SchemaMismatchError(
+                    f"stacked leaves must share dtype and shape: {first.key!r} is {first.dtype}{list(first.shape)}, "
+                    f"{spec.key!r} is {spec.dtype}{list(spec.shape)}"
+                )
+        return chosen
+
+    def _init_encoded(self, layout: Layout, device: torch.device) -> None:
+        specs = [layout.leaves[i] for i in self._encoded]
+        keys = [spec.key for spec in specs]
+        self._pairs = [_base_of(key, keys) for key in keys]
+        self._stack = specs[0].shape[0]
+        self._frame_geometry = RowGeometry.of(specs[0].dtype, specs[0].shape[1:])
+        self._frame_bytes = self._frame_geometry.raw_bytes
+        J, S = len(specs), self._stack
+        capacity = self.max_size * 2 + 1024
+        self._frames = RowStore(self._frame_geometry, capacity, device, with_refs=True)
+        self._age = torch.zeros(capacity, dtype=torch.int32, device=device)
+        self._n_frames = 0
+        self._refs = torch.full((J, self.max_size, S), -1, dtype=torch.int64, device=device)
+        self._tail = None
+
+    # ------------------------------------------------------------------ liveness and renumbering
+    def _live_frames(self, extra: torch.Tensor | None = None) -> torch.Tensor:
+        """bool ``[frame slots]``: frames referenced by a stored row, the tail or ``extra``, and their keys."""
+        live = torch.zeros(self._frames.rows, dtype=torch.bool, device=self._refs.device)
+        ids = self._refs.view(-1)
+        live[ids[ids >= 0]] = True
+        if self._tail is not None:
+            live[self._tail[1].view(-1)] = True
+        if extra is not None and extra.numel():
+            live[extra] = True
+        keys = self._frames.refs.to(torch.int64)
+        key_of_live = keys[live]
+        live[key_of_live[key_of_live >= 0]] = True
+        return live
+
+    def _compact_frames(self, room: int) -> None:
+        """Renumbers live frames to ``0..k-1`` and makes room for ``room`` more frame slots."""
+        kept = self._live_frames().nonzero().squeeze(1)
+        k = kept.numel()
+        capacity = self._frames.rows
+        if 2 * (k + room) > capacity:
+            capacity = 2 * (k + room)
+        device = self._refs.device
+        new_of_old = torch.full((self._frames.rows,), -1, dtype=torch.int64, device=device)
+        new_of_old[kept] = torch.arange(k, device=device)
+        self._frames.keep_rows(kept, capacity)
+        age = torch.zeros(capacity, dtype=torch.int32, device=device)
+        age[:k] = self._age.index_select(0, kept)
+        self._age = age
+        self._refs = torch.where(self._refs >= 0, new_of_old[self._refs.clamp_min(0)], -1)
+        if self._tail is not None:
+            slot, ids, frames = self._tail
+            self._tail = (slot, new_of_old[ids], frames)
+        self._n_frames = k
+
+    # ------------------------------------------------------------------ writing
+    def _write_encoded(self, ids: torch.Tensor, leaves: list[torch.Tensor], sequential: bool) -> None:
+        n = ids.numel()
+        J, S, FB = len(leaves), self._stack, self._frame_bytes
+        device = ids.device
+        stacks = [leaf.contiguous().view(torch.uint8).reshape(n, S, FB) for leaf in leaves]
+        tail = self._tail
+        if tail is not None and not torch.equal(self._refs[:, tail[0]], tail[1]):
+            tail = None  # its row was rewritten since: its frames may be gone
+        if self._n_frames + n * J * S > self._frames.rows:
+            self._tail = tail
+            self._compact_frames(n * J * S)
+            tail = self._tail
+
+        roots = match_frames(stacks, self._pairs, None if tail is None else [tail[2][j] for j in range(J)])
+        slots = (n + 1) * J * S
+        slot_ids = torch.arange(slots, device=device)
+        is_new = (roots == slot_ids) & (slot_ids >= J * S)
+        new_slots = is_new.nonzero().squeeze(1)
+        m = new_slots.numel()
+        first_id = self._n_frames
+        fid = torch.full((slots,), -1, dtype=torch.int64, device=device)
+        if tail is not None:
+            fid[: J * S] = tail[1].view(-1)
+        fid[new_slots] = first_id + torch.arange(m, device=device)
+        fid = fid.index_select(0, roots)
+
+        if m:
+            new_bytes = torch.cat([x.unsqueeze(0) for x in stacks]).permute(1, 0, 2, 3).reshape(n * J * S, FB)
+            new_bytes = new_bytes.index_select(0, new_slots - J * S)
+            keys, ages = self._assign_keys(fid, new_slots, first_id, m)
+            self._encode_new(new_bytes, keys, first_id, m, fid)
+            self._age[first_id : first_id + m] = ages
+            self._n_frames = first_id + m
+        self._refs[:, ids] = fid.view(n + 1, J, S)[1:].permute(1, 0, 2)
+        last = n - 1
+        self._tail = (int(ids[last]), fid.view(n + 1, J, S)[n].clone(), torch.stack([x[last] for x in stacks]).clone())
+
+    def _assign_keys(self, fid: torch.Tensor, new_slots: torch.Tensor, first_id: int, m: int):
+        """Key frame and age of each new frame (a short host loop over the new frames of the batch)."""
+        S = self._stack
+        device = fid.device
+        k = new_slots % S
+        pred_slot = torch.where(k > 0, new_slots - 1, new_slots)
+        pred = torch.where(k > 0, fid.index_select(0, pred_slot), -1)
+        own = first_id + torch.arange(m, device=device)
+        pred = torch.where(pred == own, -1, pred)
+        stored = pred[(pred >= 0) & (pred < first_id)].unique()
+        stored_age = dict(zip(stored.tolist(), self._age.index_select(0, stored).tolist()))
+        stored_key = dict(zip(stored.tolist(), self._frames.refs.index_select(0, stored).tolist()))
+        interval = self.key_interval
+        keys, ages = [], []
+        for i, p in enumerate(pred.tolist()):
+            if p < 0 or p >= first_id + i:
+                keys.append(-1)
+                ages.append(0)
+                continue
+            if p >= first_id:
+                age, key = ages[p - first_id], keys[p - first_id]
+            else:
+                age, key = stored_age[p], stored_key[p]
+            age += 1
+            if age >= interval:
+                keys.append(-1)
+                ages.append(0)
+            else:
+                keys.append(p if key < 0 else key)
+                ages.append(age)
+        return torch.tensor(keys, dtype=torch.int64, device=device), torch.tensor(ages, dtype=torch.int32, device=device)
+
+    def _encode_new(self, new_bytes: torch.Tensor, keys: torch.Tensor, first_id: int, m: int, fid: torch.Tensor) -> None:
+        g = self._frame_geometry
+        device = new_bytes.device
+        has_key = keys >= 0
+        key_bytes = torch.zeros_like(new_bytes)
+        if bool(has_key.any()):
+            sel = has_key.nonzero().squeeze(1)
+            key_ids = keys.index_select(0, sel)
+            in_batch = key_ids >= first_id
+            if bool(in_batch.any()):
+                b_sel = in_batch.nonzero().squeeze(1)
+                key_bytes[sel[b_sel]] = new_bytes.index_select(0, key_ids[b_sel] - first_id)
+            if not bool(in_batch.all()):
+                s_sel = (~in_batch).nonzero().squeeze(1)
+                decoded = decode_rows(self._frames.table(), key_ids[s_sel], verify=self.verify, check_bounds=False)
+                key_bytes[sel[s_sel]] = decoded.contiguous().view(torch.uint8).view(-1, self._frame_bytes)
+        frames = new_bytes.view(g.dtype).view(m, *g.shape)
+        key_planes = g.to_planes(key_bytes.view(g.dtype).view(m, *g.shape))
+        encoded = encode_rows(
+            frames, g, key_planes=key_planes, has_key=has_key, ref_rows=keys.to(torch.int32), intra=False, inrow=False
+        )
+        new_ids = first_id + torch.arange(m, device=device)
+        self._frames.write(new_ids, encoded, lambda: self._live_frames(fid[fid >= 0]), refs=keys.to(torch.int32))
+
+    # ------------------------------------------------------------------ reading
+    def _read_encoded(self, index: torch.Tensor) -> list[torch.Tensor]:
+        J, S = self._refs.shape[0], self._stack
+        B = index.numel()
+        ids = self._refs.index_select(1, index).reshape(-1)  # [J * B * S]
+        g = self._frame_geometry
+        out = empty_output(J * B * S, g, index.device)
+        decode_rows(self._frames.table(), ids, out, verify=self.verify, check_bounds=False)
+        out = out.view(J, B, S, *g.shape)
+        return [out[j] for j in range(J)]
+
+    def _empty_encoded(self) -> None:
+        self._refs.fill_(-1)
+        self._frames.empty()
+        self._n_frames = 0
+        self._tail = None
+
+    # ------------------------------------------------------------------ sizes
+    def stats(self) -> dict[str, Any]:
+        """Sizes of the stacked leaves over the rows currently held.
+
+        Returns:
+            ``rows``; ``frames`` (distinct frames stored); ``slots`` (frame slots of the stacked
+            rows: rows x stacked leaves x S); ``raw_bytes`` (the stacked leaves uncompressed);
+            ``frame_bytes`` (stored bytes of the frames); ``stored_bytes`` (frame bytes plus the
+            frame table, 20 bytes per frame, plus the references, 4 bytes per slot as int32);
+            ``ratio`` = raw / stored; ``codec_ratio`` = raw bytes of the distinct frames / their
+            stored bytes (the codec alone); ``dedup`` = slots / frames.
+        """
+        if self._layout is None:
+            return {"rows": 0}
+        J, S = self._refs.shape[0], self._stack
+        rows_written = (self._refs[0, :, 0] >= 0)
+        rows = int(rows_written.sum())
+        live = self._live_frames()
+        frames = int(live.sum())
+        frame_bytes = self._frames.live_bytes(live)
+        slots = rows * J * S
+        raw = slots * self._frame_bytes
+        stored = frame_bytes + frames * 20 + slots * 4
+        return {
+            "rows": rows,
+            "frames": frames,
+            "slots": slots,
+            "raw_bytes": raw,
+            "frame_bytes": frame_bytes,
+            "stored_bytes": stored,
+            "arena_bytes": self._frames.arena.numel(),
+            "ratio": raw / stored if stored else float("nan"),
+            "codec_ratio": frames * self._frame_bytes / frame_bytes if frame_bytes else float("nan"),
+            "dedup": slots / frames if frames else float("nan"),
+        }
+
+    def bytes(self) -> int:
+        """Stored bytes of the stacked leaves (see :meth:`stats`)."""
+        return self.stats().get("stored_bytes", 0)

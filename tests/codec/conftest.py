@@ -1,0 +1,19 @@
+"""Shared fixtures of the codec tests: real Atari frames and small encode/decode helpers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "atari_small.npz"
+
+
+@pytest.fixture(scope="session")
+def atari():
+    """The shipped sample of real frames (scripts/make_atari_frames.py --steps 150 --max-episode-steps 60 --seed 1)."""
+    data = np.load(DATA)
+    return {k: data[k] for k in data.files}
