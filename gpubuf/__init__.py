@@ -21,8 +21,21 @@ from gpubuf.checkpoint import (
     StorageEnsembleCheckpointer,
     TensorStorageCheckpointer,
 )
-from gpubuf.samplers import PrioritizedSampler, RandomSampler, Sampler, SamplerWithoutReplacement
-from gpubuf.storages import LazyTensorStorage, ListStorage, Storage, TensorStorage
+from gpubuf.samplers import (
+    PrioritizedSampler,
+    RandomSampler,
+    Sampler,
+    SamplerWithoutReplacement,
+    SharedPrioritizedSampler,
+)
+from gpubuf.storages import (
+    LazyMemmapStorage,
+    LazyTensorStorage,
+    ListStorage,
+    SpillStorage,
+    Storage,
+    TensorStorage,
+)
 from gpubuf.writers import RoundRobinWriter, TensorDictRoundRobinWriter, Writer
 
 __version__ = "0.1.0"
@@ -37,10 +50,13 @@ __all__ = [
     "ListStorage",
     "TensorStorage",
     "LazyTensorStorage",
+    "LazyMemmapStorage",
+    "SpillStorage",
     "Sampler",
     "RandomSampler",
     "SamplerWithoutReplacement",
     "PrioritizedSampler",
+    "SharedPrioritizedSampler",
     "Writer",
     "RoundRobinWriter",
     "TensorDictRoundRobinWriter",

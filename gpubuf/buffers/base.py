@@ -17,6 +17,7 @@ from gpubuf.samplers.random import RandomSampler, _check_batch_size
 from gpubuf.storages._layout import is_tensor_collection
 from gpubuf.storages.base import Storage
 from gpubuf.storages.list import ListStorage
+from gpubuf.storages.tensor import _is_int
 from gpubuf.writers import RoundRobinWriter, Writer
 
 # The cross-device machinery is imported lazily (``_route``): a buffer whose batches stay where
@@ -24,14 +25,18 @@ from gpubuf.writers import RoundRobinWriter, Writer
 
 
 def _stack_anything(items: list) -> Any:
-    """The default collate of list storages: stack tensors / collections of one shape, else keep the list."""
-    if not items:
+    """The default collate of list storages: stack tensors / collections of one shape, else keep the list.
+
+    A storage that returns something other than a list (``LazyStackStorage``'s lazy stack) has
+    collated the batch itself: it passes through.
+    """
+    if not isinstance(items, list) or not items:
         return items
     first = items[0]
     try:
         if isinstance(first, torch.Tensor) or is_tensor_collection(first):
             return torch.stack(items)
-    except (RuntimeError, TypeError, ValueError):
+    except (RuntimeError, TypeError, ValueError, AttributeError):
         # Items of different shapes cannot be stacked: the batch stays a list.
         return items
     return items
@@ -477,6 +482,14 @@ class ReplayBuffer:
         return hand_out(data, done, self._route().target)
 
     def _sample(self, batch_size: int) -> tuple[Any, dict]:
+        route = self._route()
+        if route.transfer is None and (route.source is None or route.source.type == "cpu"):
+            # Rows and batch on the host: no stream to order, so draw and read under the lock
+            # and skip the side-stream machinery (it costs more than a small gather).
+            with self._lock:
+                index, info = self._draw(batch_size)
+                data = self._read_drawn(index, info, batch_size)
+            return self._finish(data), info
         # The lock covers the draw and the read (no write lands between them), not the transforms.
         lock = self._lock
         lock.acquire()
@@ -587,7 +600,14 @@ class ReplayBuffer:
         if isinstance(index, str) or (isinstance(index, tuple) and index and all(isinstance(i, str) for i in index)):
             return self[:][index]
         with self._lock:
-            data = self._storage.get(index)
+            if self._dim_extend > 0:
+                # As in TorchRL: the index runs along the dim the data was extended along, and the
+                # result comes back in the layout it was given in (an int drops that dim).
+                data = self._storage.get((slice(None),) * self._dim_extend + (index,))
+                if not _is_int(index):
+                    data = self._transpose(data)
+            else:
+                data = self._storage.get(index)
         if not isinstance(index, int):
             data = self._collate_fn(data)
         if len(self._transform):
@@ -595,6 +615,10 @@ class ReplayBuffer:
         return data
 
     def __setitem__(self, index: Any, value: Any) -> None:
+        # A writer may refuse writes that bypass it (ImmutableDatasetWriter).
+        check_writable = getattr(self._writer, "_check_writable", None)
+        if check_writable is not None:
+            check_writable()
         if len(self._transform):
             value = self._transform.inv(value)
         with self._lock:
@@ -659,6 +683,34 @@ class ReplayBuffer:
         with self._lock:
             self._invalidate_prefetch()
             load_buffer(self, path)
+
+    # ------------------------------------------------------------------ pickling (multiprocessing)
+    def __getstate__(self) -> dict[str, Any]:
+        """The buffer's state for pickling (spawned workers): locks, threads and streams are
+        process-local, so they are dropped here and made anew on the other side. Prefetched
+        batches are dropped first (their draws undone), as for any write."""
+        self._invalidate_prefetch()
+        state = dict(self.__dict__)
+        for name in ("_lock", "_prefetch_executor", "_prefetcher", "_side_streams", "_route_cache"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+        self._route_cache = None
+        self._side_streams = {}
+        cap = self._prefetch_cap
+        self._prefetch_executor = ThreadPoolExecutor(max_workers=cap) if cap else None
+        self._prefetcher = Prefetcher(cap, self._prefetch_executor) if cap else None
+
+    def register_save_hook(self, hook: Callable[[Any], Any]) -> None:
+        """Adds a hook applied by the storage's checkpointer to the data before it is saved."""
+        self._storage.register_save_hook(hook)
+
+    def register_load_hook(self, hook: Callable[[Any], Any]) -> None:
+        """Adds a hook applied by the storage's checkpointer to the data after it is loaded."""
+        self._storage.register_load_hook(hook)
 
     def dump(self, path: Any) -> None:
         """Alias of :meth:`dumps`."""

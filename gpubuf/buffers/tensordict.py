@@ -152,9 +152,8 @@ class TensorDictReplayBuffer(ReplayBuffer):
 
         See :meth:`ReplayBuffer.sample`. ``include_info`` is accepted for TorchRL compatibility.
         """
-        data, info = super().sample(batch_size, return_info=True)
+        result = super().sample(batch_size, return_info=return_info)
+        data = result[0] if return_info else result
         if not isinstance(data, TensorDictBase) and not is_tensorclass(data):
             raise UnsupportedDataError("TensorDictReplayBuffer can only sample TensorDict data")
-        if return_info:
-            return data, info
-        return data
+        return result

@@ -2,6 +2,7 @@
 
 from gpubuf.samplers.base import Sampler
 from gpubuf.samplers.prioritized import PrioritizedSampler
+from gpubuf.samplers.shared import SharedPrioritizedSampler
 from gpubuf.samplers.random import RandomSampler, SamplerWithoutReplacement
 
-__all__ = ["Sampler", "RandomSampler", "SamplerWithoutReplacement", "PrioritizedSampler"]
+__all__ = ["Sampler", "RandomSampler", "SamplerWithoutReplacement", "PrioritizedSampler", "SharedPrioritizedSampler"]

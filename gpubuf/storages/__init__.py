@@ -2,6 +2,15 @@
 
 from gpubuf.storages.base import Storage
 from gpubuf.storages.list import ListStorage
+from gpubuf.storages.memmap import LazyMemmapStorage
+from gpubuf.storages.spill import SpillStorage
 from gpubuf.storages.tensor import LazyTensorStorage, TensorStorage
 
-__all__ = ["Storage", "ListStorage", "TensorStorage", "LazyTensorStorage"]
+__all__ = [
+    "Storage",
+    "ListStorage",
+    "TensorStorage",
+    "LazyTensorStorage",
+    "LazyMemmapStorage",
+    "SpillStorage",
+]

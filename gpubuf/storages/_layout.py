@@ -91,6 +91,11 @@ class Layout:
         self._position = {key: i for i, key in enumerate(self.keys)}
         # For rebuilding TensorDicts fast: each leaf's path split into parent keys and its name.
         self._paths = [(key[:-1], key[-1]) for key in self.keys] if kind in ("tensordict", "tensorclass") else []
+        # Without nested keys a TensorDict is rebuilt from one dict(zip(...)): the common case, on
+        # the sample path of every call.
+        self._flat_names = (
+            [name for _, name in self._paths] if self._paths and all(not parents for parents, _ in self._paths) else None
+        )
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -218,16 +223,23 @@ class Layout:
             return leaves[0]
         if self.kind == "pytree":
             return pytree.tree_unflatten(list(leaves), self.treespec)
+        if self._flat_names is not None:
+            source = dict(zip(self._flat_names, leaves))
+        else:
+            source = self._nest(leaves)
+        td = TensorDict._new_unsafe(source=source, batch_size=batch_size, device=device)
+        if self.kind == "tensorclass":
+            return self.container_cls._from_tensordict(td)
+        return td
+
+    def _nest(self, leaves: Sequence[torch.Tensor]) -> dict:
         source: dict = {}
         for (parents, name), tensor in zip(self._paths, leaves):
             node = source
             for parent in parents:
                 node = node.setdefault(parent, {})
             node[name] = tensor
-        td = TensorDict._new_unsafe(source=source, batch_size=batch_size, device=device)
-        if self.kind == "tensorclass":
-            return self.container_cls._from_tensordict(td)
-        return td
+        return source
 
     def index_of(self, key: tuple) -> int | None:
         return self._position.get(key)

@@ -60,6 +60,22 @@ def test_torchrl_sharing_example_fork():
     rb.storage.cleanup()
 
 
+def test_torchrl_sharing_example_spawn_passes_the_buffer_itself():
+    # Spawned workers receive the buffer by pickling: its locks and threads are made anew there,
+    # its storage and shared cursor are the same files.
+    rb = gpubuf.TensorDictReplayBuffer(storage=LazyMemmapStorage(21), prefetch=2, batch_size=4)
+    rb.extend(TensorDict({"a": torch.zeros(10)}, [10]))
+    rb.sample()
+    proc = SPAWN.Process(target=_torchrl_worker, args=(rb,))
+    proc.start()
+    _join([proc])
+    assert len(rb) == 20
+    assert (rb[:]["a"][:10] == 0).all() and (rb[:]["a"][10:20] == 1).all()
+    assert rb.write_count == 20 and rb.writer._cursor == 20
+    assert rb.sample().batch_size == torch.Size([4])
+    rb.storage.cleanup()
+
+
 def _storage_worker(storage, wid: int, n: int, batch: int, start_barrier=None):
     rb = gpubuf.TensorDictReplayBuffer(storage=storage)
     if start_barrier is not None:
