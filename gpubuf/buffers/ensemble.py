@@ -1,0 +1,240 @@
+"""``ReplayBufferEnsemble``: several buffers sampled together in given proportions (TorchRL's)."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from gpubuf.buffers.base import ReplayBuffer, _stack_anything
+from gpubuf.samplers.ensemble import SamplerEnsemble
+from gpubuf.storages.ensemble import StorageEnsemble
+from gpubuf.storages.list import ListStorage
+from gpubuf.writers.ensemble import WriterEnsemble
+from gpubuf.writers.immutable import ImmutableStorageError
+
+__all__ = ["ReplayBufferEnsemble"]
+
+_INDEX_ERROR = "Expected an index of type torch.Tensor, range, np.ndarray, int, slice or ellipsis, got {} instead."
+
+
+def _default_collate(storage: Any) -> Callable:
+    from gpubuf.buffers.base import _identity
+
+    return _stack_anything if isinstance(storage, ListStorage) else _identity
+
+
+class ReplayBufferEnsemble(ReplayBuffer):
+    """An ensemble of replay buffers, read and sampled as one.
+
+    A batch of ``B`` items is made of ``num_buffer_sampled`` chunks of ``B // num_buffer_sampled``
+    items, each chunk drawn from one member buffer chosen with probabilities ``p`` (with
+    replacement), uniformly when ``p`` is None, or one chunk from every member with
+    ``sample_from_all=True``. Each chunk is read and collated by its member (member transforms
+    included), then the chunks are collated together (``torch.stack`` by default), so a
+    sample has batch size ``[num_buffer_sampled, B // num_buffer_sampled]``. A TensorDict sample
+    carries ``("index", "index")`` (rows in each member) and ``("index", "buffer_ids")``.
+
+    The ensemble takes no writes (:class:`~gpubuf.writers.immutable.ImmutableStorageError`):
+    extend its members, ``ensemble[i].extend(data)``.
+
+    Args:
+        *rbs: the member buffers; or, instead, ``storages``, ``samplers`` and ``writers``.
+
+    Keyword Args:
+        storages: a :class:`~gpubuf.storages.StorageEnsemble` (when no ``rbs``).
+        samplers: a :class:`~gpubuf.samplers.ensemble.SamplerEnsemble` (when no ``rbs``).
+        writers: a :class:`~gpubuf.writers.ensemble.WriterEnsemble` (when no ``rbs``).
+        transform: applied to the collated sample (after the members' own transforms).
+        batch_size: the default batch size of :meth:`sample`.
+        collate_fn: collates the members' chunks (default: stack when they stack).
+        collate_fns: one collate function per member; taken from the members by default.
+        p: relative weight of each member; excludes ``sample_from_all``.
+        sample_from_all: one chunk from every member per batch.
+        num_buffer_sampled: chunks per batch (default: the number of members).
+        generator: a ``torch.Generator`` for every draw (members' samplers included).
+        shared: accepted for TorchRL compatibility.
+        **kwargs: passed to :class:`ReplayBuffer`.
+
+    Raises:
+        RuntimeError: both ``rbs`` and components, or ``p`` with ``sample_from_all``.
+
+    Examples:
+        >>> rb0 = ReplayBuffer(storage=LazyTensorStorage(10))
+        >>> rb1 = ReplayBuffer(storage=LazyTensorStorage(10))
+        >>> rb = ReplayBufferEnsemble(rb0, rb1, p=[0.25, 0.75], num_buffer_sampled=4)
+        >>> rb[0].extend(torch.zeros(10, 3)); rb[1].extend(torch.ones(10, 3))
+        >>> rb.sample(8).shape
+        torch.Size([4, 2, 3])
+    """
+
+    def __init__(
+        self,
+        *rbs: ReplayBuffer,
+        storages: StorageEnsemble | None = None,
+        samplers: SamplerEnsemble | None = None,
+        writers: WriterEnsemble | None = None,
+        transform: Callable | None = None,
+        batch_size: int | None = None,
+        collate_fn: Callable | None = None,
+        collate_fns: Sequence[Callable] | None = None,
+        p: Sequence[float] | torch.Tensor | None = None,
+        sample_from_all: bool = False,
+        num_buffer_sampled: int | None = None,
+        generator: torch.Generator | None = None,
+        shared: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        if rbs:
+            if storages is not None or samplers is not None or writers is not None:
+                raise RuntimeError("pass either replay buffers or storages/samplers/writers, not both")
+            storages = StorageEnsemble(*[rb._storage for rb in rbs], transforms=[rb._transform for rb in rbs])
+            samplers = SamplerEnsemble(
+                *[rb._sampler for rb in rbs], p=p, sample_from_all=sample_from_all, num_buffer_sampled=num_buffer_sampled
+            )
+            writers = WriterEnsemble(*[rb._writer for rb in rbs])
+            if collate_fns is None:
+                collate_fns = [rb._collate_fn for rb in rbs]
+        else:
+            if storages is None or samplers is None or writers is None:
+                raise RuntimeError("an ensemble needs replay buffers, or storages, samplers and writers")
+            if collate_fns is None:
+                collate_fns = [_default_collate(storage) for storage in storages._storages]
+            transforms = storages._transforms or [None] * len(storages._storages)
+            rbs = tuple(
+                ReplayBuffer(storage=storage, sampler=sampler, writer=writer, transform=member_transform, collate_fn=collate)
+                for storage, sampler, writer, member_transform, collate in zip(
+                    storages._storages, samplers._samplers, writers._writers, transforms, collate_fns
+                )
+            )
+        self._rbs = tuple(rbs)
+        self._collate_fns = list(collate_fns)
+        super().__init__(
+            storage=storages,
+            sampler=samplers,
+            writer=writers,
+            transform=transform,
+            batch_size=batch_size,
+            collate_fn=collate_fn if collate_fn is not None else _stack_anything,
+            generator=generator,
+            shared=shared,
+            **kwargs,
+        )
+
+    # ------------------------------------------------------------------ writing is refused
+    def add(self, data: Any) -> int:
+        raise ImmutableStorageError("a ReplayBufferEnsemble is written through its members: ensemble[i].add(...)")
+
+    def extend(self, data: Any, *, update_priority: bool | None = None) -> torch.Tensor:
+        raise ImmutableStorageError("a ReplayBufferEnsemble is written through its members: ensemble[i].extend(...)")
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        raise ImmutableStorageError("a ReplayBufferEnsemble is written through its members: ensemble[i][rows] = ...")
+
+    # ------------------------------------------------------------------ reading
+    def _sample(self, batch_size: int) -> tuple[Any, dict]:
+        with self._lock:
+            index, info = self._sampler.sample(self._storage, batch_size)
+            chunks = self._storage.get(index)
+            data = self._collate_fn([self._collate_fns[i](chunk) for i, chunk in chunks])
+        buffer_ids = index.get("buffer_ids")
+        if isinstance(data, TensorDictBase) and data.batch_dims >= 2:
+            lead = data.batch_size[:2]
+            rows = index.get("index")
+            marks = TensorDict(
+                {
+                    "index": rows.to(data.device) if data.device is not None else rows,
+                    "buffer_ids": buffer_ids.reshape(-1, 1).expand(lead).to(rows.device),
+                },
+                batch_size=lead,
+            )
+            data.set("index", marks)
+        info = dict(info)
+        info["index"] = index
+        info["buffer_ids"] = buffer_ids
+        if len(self._transform):
+            data = self._apply_transform(data)
+        return data, info
+
+    def sample(self, batch_size: int | None = None, return_info: bool = False) -> Any:
+        """Samples ``batch_size`` items as ``[num_buffer_sampled, batch_size // num_buffer_sampled]``.
+
+        Returns:
+            The collated sample; with ``return_info``, also ``info`` holding ``"index"`` (the
+            sampler's TensorDict of ``"index"`` and ``"buffer_ids"``) and ``"buffer_ids"``.
+
+        Raises:
+            BatchSizeError: no batch size, or one that is not a multiple of ``num_buffer_sampled``
+                (an :class:`~gpubuf.samplers.ensemble.EnsembleBatchSizeError`, also a ValueError).
+            EmptyBufferError: a drawn member is empty.
+        """
+        batch_size = self._resolve_batch_size(batch_size)
+        data, info = self._sample(batch_size)
+        return (data, info) if return_info else data
+
+    def __getitem__(self, index: Any) -> Any:
+        """``ensemble[i]`` is member buffer ``i``; a slice, list or tensor gives a sub-ensemble;
+        ``ensemble[i, rows]`` reads rows of member ``i``; ``ensemble[:, rows]`` reads them from every member."""
+        if isinstance(index, tuple):
+            if index[0] is Ellipsis:
+                index = (slice(None), *index[1:])
+            picked = self[index[0]]
+            if len(index) == 1:
+                return picked
+            rest = index[1] if len(index) == 2 else index[1:]
+            if picked is self:
+                return self._collate_fn([rb[rest] for rb in self._rbs])
+            if isinstance(picked, ReplayBufferEnsemble):
+                return picked[(slice(None), *index[1:])]
+            return picked[rest]
+        if isinstance(index, slice) and index == slice(None):
+            return self
+        if isinstance(index, str):
+            raise IndexError("a ReplayBufferEnsemble is indexed by member; read a key from a member: ensemble[i][key]")
+        if isinstance(index, (list, range, np.ndarray)):
+            index = torch.as_tensor(index)
+        if isinstance(index, torch.Tensor):
+            if index.ndim > 1:
+                raise IndexError(f"Cannot index a {type(self).__name__} with tensor indices of more than one dimension.")
+            if index.is_floating_point():
+                raise TypeError("A floating point index was received when an integer dtype was expected.")
+            if index.ndim == 0:
+                index = int(index)
+        if isinstance(index, int):
+            try:
+                return self._rbs[index]
+            except IndexError:
+                raise IndexError(_INDEX_ERROR.format(type(index))) from None
+        if isinstance(index, torch.Tensor):
+            picked = index.tolist()
+        elif isinstance(index, slice):
+            picked = list(range(len(self._rbs)))[index]
+        else:
+            raise IndexError(_INDEX_ERROR.format(type(index)))
+        sampler = self._sampler
+        return ReplayBufferEnsemble(
+            *[self._rbs[i] for i in picked],
+            transform=self._transform if len(self._transform) else None,
+            batch_size=self._batch_size,
+            collate_fn=self._collate_fn,
+            collate_fns=[self._collate_fns[i] for i in picked],
+            sample_from_all=sampler.sample_from_all,
+            num_buffer_sampled=sampler._num_buffer_sampled,
+            p=None if sampler.p is None else sampler.p[picked],
+        )
+
+    def __len__(self) -> int:
+        """The number of member buffers (TorchRL's meaning)."""
+        return len(self._rbs)
+
+    def __repr__(self) -> str:
+        storages = textwrap.indent(f"storages={self._storage}", " " * 4)
+        samplers = textwrap.indent(f"samplers={self._sampler}", " " * 4)
+        writers = textwrap.indent(f"writers={self._writer}", " " * 4)
+        return (
+            f"ReplayBufferEnsemble(\n{storages},\n{samplers},\n{writers},\nbatch_size={self._batch_size},\n"
+            f"transform={list(self._transform)})"
+        )

@@ -1,0 +1,352 @@
+"""Packed gather: copy B variable-length rows out of a packed (values + offsets) store.
+
+A packed store keeps the rows of a ragged field end to end in one ``values`` tensor of shape
+``[M, *trail]`` (M tokens) and describes row ``r`` by ``starts[r]`` and ``lengths[r]``. Sampling
+B rows of such a field is this op: it writes the rows one after another into an output of
+``T = sum(lengths[index])`` tokens and returns the output's offsets, which is exactly the
+``(values, offsets)`` pair a jagged nested tensor is made of. Several fields that share their
+row lengths (``input_ids`` and ``attention_mask``) share ``starts``/``lengths`` and are gathered
+by one call: one Triton launch on CUDA, one shared plan of block copies on CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from gpubuf.errors import DeviceMismatchError, DTypeMismatchError, IndexOutOfRangeError, SchemaMismatchError
+from gpubuf.ops._dispatch import kernel_module, resolve_backend
+
+__all__ = ["gather_packed", "gather_packed_ref", "gather_packed_trusted", "packed_offsets"]
+
+_INDEX_DTYPES = (torch.int64, torch.int32)
+
+
+def packed_offsets(lengths: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The output offsets of a packed gather: ``[0, cumsum(lengths[index])]``.
+
+    Args:
+        lengths: 1-D int64 ``[N]`` row lengths.
+        index: 1-D int64/int32 ``[B]`` rows.
+
+    Returns:
+        int64 ``[B + 1]`` on ``lengths``' device; ``offsets[b]`` is where output row ``b`` starts.
+    """
+    offsets = torch.zeros(index.shape[0] + 1, dtype=torch.int64, device=lengths.device)
+    torch.cumsum(lengths.index_select(0, index), 0, out=offsets[1:])
+    return offsets
+
+
+def gather_packed_ref(
+    values: Sequence[torch.Tensor],
+    starts: torch.Tensor,
+    lengths: torch.Tensor,
+    index: torch.Tensor,
+    *,
+    offsets: torch.Tensor | None = None,
+    total: int | None = None,
+    min_length: int | None = None,
+    outs: Sequence[torch.Tensor] | None = None,
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Pure-torch twin of the packed gather; the op's specification.
+
+    For every source ``i`` and output row ``b``, with ``r = index[b]``::
+
+        outs[i][offsets[b] : offsets[b + 1]] = values[i][starts[r] : starts[r] + lengths[r]]
+        offsets = [0, cumsum(lengths[index])]
+
+    Rows are copied in order, back to back; duplicates in ``index`` give independent copies.
+    The path is vectorised, never a Python loop over rows: when every selected row is long,
+    rows are copied as blocks of consecutive tokens (:func:`_gather_blocks`), else through a
+    per-token index.
+
+    Args:
+        values: tensors of shape ``[M, *trail_i]`` (any dtype, any trailing shape, possibly
+            different per source), all with the same ``M`` and on one device. Only read.
+        starts: 1-D int64 ``[N]``, first token of each row in ``values``.
+        lengths: 1-D int64 ``[N]``, tokens of each row (0 allowed). Every row must satisfy
+            ``0 <= starts[r]`` and ``starts[r] + lengths[r] <= M`` for the rows ``index`` names.
+        index: 1-D int64 or int32 ``[B]`` rows in ``[0, N)``, any order, duplicates allowed.
+        offsets: the output offsets if the caller computed them already
+            (:func:`packed_offsets`), else computed here.
+        total: ``T = offsets[-1]`` if the caller knows it; saves a device synchronisation.
+        min_length: the shortest selected row if the caller knows it (picks the block size).
+        outs: optional outputs of shape ``[>= T, *trail_i]`` with the sources' dtypes on the same
+            device, contiguous; rows ``[0, T)`` are overwritten and the tensors returned as given.
+
+    Returns:
+        ``(outs, offsets)``: one contiguous tensor of shape ``[T, *trail_i]`` per source (the
+        given ``outs`` when passed) and the int64 ``[B + 1]`` offsets, on the sources' device.
+    """
+    device = values[0].device
+    if offsets is None:
+        offsets = packed_offsets(lengths, index)
+    if total is None:
+        total = int(offsets[-1])
+    if total == 0:
+        if outs is None:
+            outs = [torch.empty((0, *v.shape[1:]), dtype=v.dtype, device=device) for v in values]
+        return list(outs), offsets
+    if outs is None:
+        if min_length is None:
+            min_length = int(lengths.index_select(0, index).min())
+        block = _block_size(min_length, values[0].shape[0])
+        if block:
+            return _gather_blocks(values, starts, lengths, index, offsets, total, block), offsets
+        outs = [torch.empty((total, *v.shape[1:]), dtype=v.dtype, device=device) for v in values]
+    src = _token_index(starts, lengths, index, offsets, total)
+    for v, out in zip(values, outs):
+        torch.index_select(v, 0, src, out=out[:total])
+    return list(outs), offsets
+
+
+# Tokens per block of the block copy: 64 int64 tokens are a 512-byte memcpy.
+_MAX_BLOCK = 64
+_MIN_BLOCK = 8
+
+
+def _block_size(min_length: int, m: int) -> int:
+    """Tokens per block for :func:`_gather_blocks`, or 0 when some row is too short for it."""
+    if min_length < _MIN_BLOCK:
+        return 0
+    block = _MIN_BLOCK
+    while block * 2 <= min(min_length, _MAX_BLOCK):
+        block *= 2
+    return block if m >= block else 0
+
+
+def _gather_blocks(
+    values: Sequence[torch.Tensor],
+    starts: torch.Tensor,
+    lengths: torch.Tensor,
+    index: torch.Tensor,
+    offsets: torch.Tensor,
+    total: int,
+    block: int,
+) -> list[torch.Tensor]:
+    """The packed gather as copies of ``block`` consecutive tokens; every selected row has at least ``block``.
+
+    The output is cut into blocks of ``block`` tokens and every block is read from the row that
+    holds its first token, as one row of a sliding-window view of the values (``as_strided``
+    with a stride of one token): one ``index_select`` per source moves nearly everything. A
+    block that a row boundary cuts reads on past the end of its row. Rows have at least
+    ``block`` tokens, so such a block holds the end of one row and the start of the next only;
+    these blocks (at most one per row) are rebuilt from a per-token index and copied over
+    whole, with one more ``index_select`` and one ``index_copy_`` of blocks.
+    """
+    m = values[0].shape[0]
+    src, cut, fix_src = (
+        torch.from_numpy(a).to(values[0].device)
+        for a in _block_plan(starts, index, offsets, total, block, m)
+    )
+    n_blocks = src.shape[0]
+    outs = []
+    for v in values:
+        if not v.is_contiguous():
+            v = v.contiguous()
+        width = v[0].numel()
+        # Window rows overlap (a stride of one token), which reading allows.
+        window = v.as_strided((m - block + 1, block * width), (width, 1))
+        blocks = window.index_select(0, src)
+        if cut.numel():
+            blocks.index_copy_(0, cut, v.index_select(0, fix_src).view(cut.numel(), block * width))
+        outs.append(blocks.view(n_blocks * block, *v.shape[1:])[:total])
+    return outs
+
+
+def _block_plan(
+    starts: torch.Tensor, index: torch.Tensor, offsets: torch.Tensor, total: int, block: int, m: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where each block reads (``src``), which blocks are cut (``cut``) and their per-token sources.
+
+    Index arithmetic over B rows and T / block blocks, done in NumPy on the host: at these sizes
+    a torch op's dispatch costs more than its work, and there are a score of them.
+    """
+    off = offsets.cpu().numpy()
+    # shift[b]: source position minus output position, the same for every token of row b.
+    shift = starts.index_select(0, index).cpu().numpy() - off[:-1]
+    ends = off[1:]
+    first = np.arange(0, -(-total // block) * block, block, dtype=np.int64)
+    # The row holding each block's first token: the number of rows ending at or before it.
+    row = np.searchsorted(ends, first, side="right")
+    # A block that would run past the values' end is a cut block, rebuilt below: clamp its read.
+    src = np.minimum(shift[row] + first, m - block)
+    left = np.flatnonzero(ends % block)  # rows whose end falls inside a block
+    end_left = ends[left]
+    cut = end_left // block
+    tokens = (cut * block)[:, None] + np.arange(block, dtype=np.int64)
+    right = np.minimum(left + 1, len(ends) - 1)  # past the last row: garbage, cut off by the caller
+    fix = np.where(tokens < end_left[:, None], shift[left][:, None], shift[right][:, None]) + tokens
+    np.clip(fix, 0, m - 1, out=fix)
+    return src, cut, fix.reshape(-1)
+
+
+def _token_index(
+    starts: torch.Tensor, lengths: torch.Tensor, index: torch.Tensor, offsets: torch.Tensor, total: int
+) -> torch.Tensor:
+    """``src[t] = starts[r_b] + (t - offsets[b])`` for every token ``t`` of output row ``b``.
+
+    Built as a running sum of steps: 1 inside a row, and at the first token of a row the jump
+    from the last token of the previous non-empty row. One ``cumsum`` over T tokens is cheaper
+    than ``arange + repeat_interleave`` (two passes and a T-long temporary more).
+    """
+    s = starts.index_select(0, index)
+    n = lengths.index_select(0, index)
+    first = offsets[:-1]
+    if not bool((n > 0).all()):
+        # Empty rows would put two jumps on one token; they contribute nothing, drop them.
+        keep = n > 0
+        s, n, first = s[keep], n[keep], first[keep]
+    # int64 throughout: torch's CPU cumsum is several times faster on int64 than on int32, and
+    # index_select reads either at the same speed.
+    steps = torch.ones(total, dtype=torch.int64, device=starts.device)
+    steps[0] = s[0]
+    if s.shape[0] > 1:
+        steps[first[1:]] = s[1:] - (s[:-1] + n[:-1] - 1)
+    return steps.cumsum_(0)
+
+
+def _check(
+    values: Sequence[torch.Tensor],
+    starts: torch.Tensor,
+    lengths: torch.Tensor,
+    index: torch.Tensor,
+    outs: Sequence[torch.Tensor] | None,
+) -> None:
+    if not values:
+        raise ValueError("gather_packed needs at least one values tensor")
+    if not isinstance(index, torch.Tensor) or index.ndim != 1 or index.dtype not in _INDEX_DTYPES:
+        raise TypeError("index must be a 1-D int64 or int32 tensor")
+    for name, t in (("starts", starts), ("lengths", lengths)):
+        if not isinstance(t, torch.Tensor) or t.ndim != 1 or t.dtype != torch.int64:
+            raise TypeError(f"{name} must be a 1-D int64 tensor")
+    if starts.shape != lengths.shape:
+        raise SchemaMismatchError(f"starts has shape {list(starts.shape)} but lengths {list(lengths.shape)}")
+    device = values[0].device
+    m = values[0].shape[0] if values[0].ndim else None
+    for i, v in enumerate(values):
+        if v.ndim == 0:
+            raise SchemaMismatchError(f"values #{i} is a scalar; expected a tensor of shape [M, ...]")
+        if v.device != device:
+            raise DeviceMismatchError(f"values #{i} is on {v.device}, expected {device} like values #0")
+        if v.shape[0] != m:
+            raise SchemaMismatchError(f"values #{i} has {v.shape[0]} tokens, expected {m} like values #0")
+    for name, t in (("starts", starts), ("lengths", lengths), ("index", index)):
+        if t.device != device:
+            raise DeviceMismatchError(f"{name} is on {t.device}, expected the values' device {device}")
+    if outs is not None:
+        if len(outs) != len(values):
+            raise ValueError(f"got {len(outs)} outputs for {len(values)} values tensors")
+        for i, (v, out) in enumerate(zip(values, outs)):
+            if out.dtype != v.dtype:
+                raise DTypeMismatchError(f"out #{i} has dtype {out.dtype}, expected {v.dtype}")
+            if out.device != device:
+                raise DeviceMismatchError(f"out #{i} is on {out.device}, expected {device}")
+            if out.shape[1:] != v.shape[1:] or not out.is_contiguous():
+                raise SchemaMismatchError(
+                    f"out #{i} must be contiguous of shape [T, {', '.join(map(str, v.shape[1:]))}], "
+                    f"got {list(out.shape)}"
+                )
+
+
+def _check_bounds(values: Sequence[torch.Tensor], starts: torch.Tensor, lengths: torch.Tensor, index: torch.Tensor) -> None:
+    if index.numel() == 0:
+        return
+    n = starts.shape[0]
+    lo, hi = (int(x) for x in torch.aminmax(index))
+    if lo < 0 or hi >= n:
+        bad = lo if lo < 0 else hi
+        raise IndexOutOfRangeError(f"row index {bad} is out of range for {n} rows (expected 0 <= index < {n})")
+    s = starts.index_select(0, index)
+    e = s + lengths.index_select(0, index)
+    m = values[0].shape[0]
+    if bool(((s < 0) | (e > m) | (e < s)).any()):
+        raise IndexOutOfRangeError(f"a selected row reaches outside the {m} tokens of the values tensors")
+
+
+def gather_packed(
+    values: Sequence[torch.Tensor],
+    starts: torch.Tensor,
+    lengths: torch.Tensor,
+    index: torch.Tensor,
+    *,
+    outs: Sequence[torch.Tensor] | None = None,
+    backend: str = "auto",
+    check_bounds: bool = True,
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Gathers rows ``index`` of packed fields; see :func:`gather_packed_ref` for the specification.
+
+    CUDA tensors go to one Triton launch for all ``values``, CPU tensors to the torch twin.
+
+    Args:
+        values, starts, lengths, index, outs: as in :func:`gather_packed_ref`.
+        backend: ``"auto"`` (by device), ``"torch"`` or ``"triton"``.
+        check_bounds: verify the rows and their token ranges first and raise
+            :class:`~gpubuf.errors.IndexOutOfRangeError` otherwise (synchronises on CUDA).
+
+    Returns:
+        ``(outs, offsets)`` as in :func:`gather_packed_ref`.
+
+    Raises:
+        TypeError, ValueError, SchemaMismatchError, DTypeMismatchError, DeviceMismatchError:
+            malformed arguments, before anything is written.
+        IndexOutOfRangeError: a row outside ``[0, N)`` or a token range outside ``[0, M)``.
+        BackendUnavailableError: ``backend="triton"`` where Triton cannot run.
+    """
+    _check(values, starts, lengths, index, outs)
+    which = resolve_backend(values[0], backend)
+    if check_bounds:
+        _check_bounds(values, starts, lengths, index)
+    offsets = packed_offsets(lengths, index)
+    if which == "triton":
+        return _triton(values, starts, lengths, index, offsets, outs)
+    total = int(offsets[-1])
+    if outs is not None and any(out.shape[0] < total for out in outs):
+        raise SchemaMismatchError(f"outputs must hold at least {total} tokens")
+    return gather_packed_ref(values, starts, lengths, index, offsets=offsets, total=total, outs=outs)
+
+
+def gather_packed_trusted(
+    values: Sequence[torch.Tensor],
+    starts: torch.Tensor,
+    lengths: torch.Tensor,
+    index: torch.Tensor,
+    *,
+    offsets: torch.Tensor | None = None,
+    total: int | None = None,
+    min_length: int | None = None,
+    max_length: int | None = None,
+    outs: Sequence[torch.Tensor] | None = None,
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The storages' entry: no argument checks, dispatch by device only.
+
+    For callers that built every argument themselves and guarantee the contract of
+    :func:`gather_packed_ref`. ``max_length`` (the longest selected row) sizes the Triton grid;
+    it is computed when omitted, which synchronises once more.
+    """
+    if offsets is None:
+        offsets = packed_offsets(lengths, index)
+    if _wants_triton(values[0]):
+        return _triton(values, starts, lengths, index, offsets, outs, total, max_length)
+    return gather_packed_ref(values, starts, lengths, index, offsets=offsets, total=total, min_length=min_length, outs=outs)
+
+
+def _triton(values, starts, lengths, index, offsets, outs, total=None, max_length=None):
+    if total is None or max_length is None:
+        sel = lengths.index_select(0, index)
+        total, max_length = (int(x) for x in torch.stack([offsets[-1], sel.max() if sel.numel() else offsets[-1]]).tolist())
+    launcher = kernel_module("gather_packed").gather_packed_triton
+    return launcher(list(values), starts, lengths, index, offsets, total, max_length, None if outs is None else list(outs))
+
+
+def _wants_triton(tensor: torch.Tensor) -> bool:
+    """Dispatch of the trusted entry: the kernel for CUDA tensors when Triton imports."""
+    return tensor.is_cuda and _triton_ok()
+
+
+def _triton_ok() -> bool:
+    from gpubuf.ops._dispatch import _triton_importable
+
+    return _triton_importable()

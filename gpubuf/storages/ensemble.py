@@ -1,0 +1,157 @@
+"""``StorageEnsemble``: several storages read as one (TorchRL's ``StorageEnsemble``)."""
+
+from __future__ import annotations
+
+import textwrap
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from gpubuf.storages.base import Storage
+
+__all__ = ["StorageEnsemble"]
+
+_INDEX_ERROR = "Expected an index of type torch.Tensor, range, np.ndarray, int, slice or ellipsis, got {} instead."
+
+
+class StorageEnsemble(Storage):
+    """An ensemble of storages, read through a :class:`~gpubuf.buffers.ensemble.ReplayBufferEnsemble`.
+
+    As in TorchRL, :meth:`get` takes the ensemble sampler's index (``"buffer_ids"`` and
+    ``"index"``) and returns a list of ``(buffer_id, data)`` pairs, and ``len()`` is the number
+    of storages. The ensemble takes no writes: write to a member (``ensemble[0]``).
+
+    Args:
+        *storages: the member storages.
+
+    Keyword Args:
+        transforms: one transform (or None) per storage, applied to that storage's data on read.
+
+    Raises:
+        TypeError: ``transforms`` of another length than ``storages``.
+    """
+
+    def __init__(self, *storages: Storage, transforms: Sequence[Callable | None] | None = None) -> None:
+        # Set before Storage.__init__, whose ``self._rng = None`` goes through the property below.
+        self._storages = tuple(storages)
+        self._rng_private = None
+        if transforms is not None and len(transforms) != len(storages):
+            raise TypeError("transforms must have the same length as the storages provided.")
+        self._transforms = list(transforms) if transforms is not None else None
+        super().__init__(max_size=max(1, sum(storage.max_size for storage in storages)))
+
+    @property
+    def _rng(self) -> torch.Generator | None:
+        return self._rng_private
+
+    @_rng.setter
+    def _rng(self, value: torch.Generator | None) -> None:
+        self._rng_private = value
+        for storage in self._storages:
+            storage._rng = value
+
+    @property
+    def storages(self) -> tuple[Storage, ...]:
+        return self._storages
+
+    # ------------------------------------------------------------------ writing is refused
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        from gpubuf.writers.immutable import ImmutableStorageError
+
+        raise ImmutableStorageError(
+            "a StorageEnsemble takes no writes: write to one of its storages (ensemble[i]) or buffers"
+        )
+
+    set = extend = add = _write_rows = _refuse
+
+    # ------------------------------------------------------------------ reading
+    def get(self, item: Any) -> list[tuple[int, Any]]:
+        """Reads the samples an ensemble sampler drew.
+
+        Args:
+            item: a mapping (TensorDict or dict) with ``"buffer_ids"`` (``[K]``) and ``"index"``
+                (``[K, ...]``: the rows of each storage to read).
+
+        Returns:
+            ``[(buffer_id, data), ...]``, one pair per entry of ``buffer_ids``, each storage's
+            transform applied to its data.
+        """
+        buffer_ids = item.get("buffer_ids")
+        index = item.get("index")
+        results = []
+        for buffer_id, sample in zip(buffer_ids.tolist(), index.unbind(0) if isinstance(index, torch.Tensor) else index):
+            data = self._storages[buffer_id].get(_member_index(sample, self._storages[buffer_id]))
+            transform = self._transforms[buffer_id] if self._transforms is not None else None
+            if transform is not None:
+                data = transform(data)
+            results.append((buffer_id, data))
+        return results
+
+    def __getitem__(self, index: Any) -> Any:
+        """``ensemble[i]`` is storage ``i``; a slice, list or tensor gives a sub-ensemble;
+        ``ensemble[i, rows]`` reads rows of storage ``i``."""
+        if isinstance(index, tuple):
+            if index[0] is Ellipsis:
+                index = (slice(None), *index[1:])
+            result = self[index[0]]
+            if len(index) > 1:
+                if result is self:
+                    return [storage[index[1:]] for storage in self._storages]
+                if isinstance(result, StorageEnsemble):
+                    return result[(slice(None), *index[1:])]
+                return result[index[1:] if len(index) > 2 else index[1]]
+            return result
+        if isinstance(index, slice) and index == slice(None):
+            return self
+        if isinstance(index, (list, range, np.ndarray)):
+            index = torch.as_tensor(index)
+        if isinstance(index, torch.Tensor):
+            if index.ndim > 1:
+                raise IndexError(f"Cannot index a {type(self).__name__} with tensor indices of more than one dimension.")
+            if index.is_floating_point():
+                raise TypeError("A floating point index was received when an integer dtype was expected.")
+            if index.ndim == 0:
+                index = int(index)
+        if isinstance(index, int):
+            try:
+                return self._storages[index]
+            except IndexError:
+                raise IndexError(_INDEX_ERROR.format(type(index))) from None
+        if isinstance(index, torch.Tensor):
+            picked = index.tolist()
+            storages = [self._storages[i] for i in picked]
+            transforms = [self._transforms[i] for i in picked] if self._transforms is not None else None
+        elif isinstance(index, slice):
+            storages = list(self._storages[index])
+            transforms = self._transforms[index] if self._transforms is not None else None
+        else:
+            raise IndexError(_INDEX_ERROR.format(type(index)))
+        return StorageEnsemble(*storages, transforms=transforms)
+
+    def __len__(self) -> int:
+        """The number of storages (TorchRL's meaning); the items held are ``sum(len(s) for s in ensemble.storages)``."""
+        return len(self._storages)
+
+    def _empty(self) -> None:
+        for storage in self._storages:
+            storage._empty()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {str(i): storage.state_dict() for i, storage in enumerate(self._storages)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for i, storage in enumerate(self._storages):
+            storage.load_state_dict(state_dict[str(i)])
+
+    def __repr__(self) -> str:
+        storages = textwrap.indent(f"storages={list(self._storages)}", " " * 4)
+        transforms = textwrap.indent(f"transforms={self._transforms}", " " * 4)
+        return f"StorageEnsemble(\n{storages},\n{transforms})"
+
+
+def _member_index(sample: Any, storage: Storage) -> Any:
+    """A member sampler's index back in the form its storage reads: coordinates become a tuple."""
+    if isinstance(sample, torch.Tensor) and getattr(storage, "ndim", 1) > 1 and sample.ndim == 2:
+        return tuple(sample.unbind(-1))
+    return sample
