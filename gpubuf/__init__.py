@@ -8,6 +8,7 @@ from gpubuf import errors
 from gpubuf.buffers import (
     PrioritizedReplayBuffer,
     ReplayBuffer,
+    ReplayBufferEnsemble,
     TensorDictPrioritizedReplayBuffer,
     TensorDictReplayBuffer,
 )
@@ -25,18 +26,30 @@ from gpubuf.samplers import (
     PrioritizedSampler,
     RandomSampler,
     Sampler,
+    SamplerEnsemble,
     SamplerWithoutReplacement,
     SharedPrioritizedSampler,
 )
+from gpubuf.data import RewardData
 from gpubuf.storages import (
     LazyMemmapStorage,
+    LazyStackStorage,
     LazyTensorStorage,
     ListStorage,
+    PackedStorage,
     SpillStorage,
     Storage,
+    StorageEnsemble,
     TensorStorage,
 )
-from gpubuf.writers import RoundRobinWriter, TensorDictRoundRobinWriter, Writer
+from gpubuf.writers import (
+    ImmutableDatasetWriter,
+    RoundRobinWriter,
+    TensorDictMaxValueWriter,
+    TensorDictRoundRobinWriter,
+    Writer,
+    WriterEnsemble,
+)
 
 __version__ = "0.1.0"
 
@@ -52,6 +65,15 @@ __all__ = [
     "LazyTensorStorage",
     "LazyMemmapStorage",
     "SpillStorage",
+    "LazyStackStorage",
+    "PackedStorage",
+    "StorageEnsemble",
+    "ReplayBufferEnsemble",
+    "SamplerEnsemble",
+    "TensorDictMaxValueWriter",
+    "ImmutableDatasetWriter",
+    "WriterEnsemble",
+    "RewardData",
     "Sampler",
     "RandomSampler",
     "SamplerWithoutReplacement",

@@ -1,6 +1,7 @@
 """Replay buffers: storage + sampler + writer behind TorchRL's API."""
 
 from gpubuf.buffers.base import ReplayBuffer
+from gpubuf.buffers.ensemble import ReplayBufferEnsemble
 from gpubuf.buffers.prioritized import PrioritizedReplayBuffer, TensorDictPrioritizedReplayBuffer
 from gpubuf.buffers.tensordict import TensorDictReplayBuffer
 
@@ -9,4 +10,5 @@ __all__ = [
     "TensorDictReplayBuffer",
     "PrioritizedReplayBuffer",
     "TensorDictPrioritizedReplayBuffer",
+    "ReplayBufferEnsemble",
 ]

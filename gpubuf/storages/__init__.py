@@ -3,7 +3,10 @@
 from gpubuf.storages.base import Storage
 from gpubuf.storages.list import ListStorage
 from gpubuf.storages.memmap import LazyMemmapStorage
+from gpubuf.storages.ensemble import StorageEnsemble
+from gpubuf.storages.packed import PackedStorage
 from gpubuf.storages.spill import SpillStorage
+from gpubuf.storages.stack import LazyStackStorage
 from gpubuf.storages.tensor import LazyTensorStorage, TensorStorage
 
 __all__ = [
@@ -13,4 +16,7 @@ __all__ = [
     "LazyTensorStorage",
     "LazyMemmapStorage",
     "SpillStorage",
+    "LazyStackStorage",
+    "PackedStorage",
+    "StorageEnsemble",
 ]

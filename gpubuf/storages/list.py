@@ -49,6 +49,9 @@ class ListStorage(Storage):
             )
         items = [self._to_device(item) for item in items[max(n - cap, 0) :]]
         pos = (start + max(n - cap, 0)) % cap
+        if n > cap and len(self._storage) < cap:
+            # The kept items fill every slot, but not in append order: make room for all of them.
+            self._storage.extend([None] * (cap - len(self._storage)))
         for item in items:
             if pos == len(self._storage):
                 self._storage.append(item)
