@@ -25,6 +25,16 @@ __all__ = [
     "IndexOutOfRangeError",
     "BackendUnavailableError",
     "PriorityError",
+    "MemmapStorageError",
+    "ScratchDirError",
+    "StorageExistsError",
+    "DiskFullError",
+    "StorageMismatchError",
+    "StorageNotSharableError",
+    "RankKeyError",
+    "RankValueError",
+    "ImmutableStorageError",
+    "EnsembleBatchSizeError",
 ]
 
 
@@ -70,3 +80,55 @@ class BackendUnavailableError(GpubufError, RuntimeError):
 
 class PriorityError(GpubufError, ValueError):
     """A priority that is NaN, infinite or negative, or whose shape does not match its index."""
+
+
+# ------------------------------------------------------------------ memory-mapped storages
+class MemmapStorageError(GpubufError, OSError):
+    """The files of a memory-mapped storage cannot be created, opened or written.
+
+    Raised before anything is changed: rows already stored stay intact and readable.
+    """
+
+
+class ScratchDirError(MemmapStorageError):
+    """The ``scratch_dir`` cannot hold the storage: not writable, or not a directory."""
+
+
+class StorageExistsError(MemmapStorageError, FileExistsError):
+    """The storage's files already exist and ``existsok=False``."""
+
+
+class DiskFullError(MemmapStorageError):
+    """No space left on the device (``ENOSPC``/``EDQUOT``) for the rows being written."""
+
+
+class StorageMismatchError(SchemaMismatchError):
+    """A storage found on disk was made with another capacity, ``ndim`` or data layout."""
+
+
+class StorageNotSharableError(GpubufError, RuntimeError):
+    """A storage cannot be sent to another process in its current state."""
+
+
+# ------------------------------------------------------------------ writers and ensembles
+class RankKeyError(SchemaMismatchError, KeyError):
+    """The data written has no entry at the writer's ``rank_key`` (a ``KeyError`` too, as in TorchRL)."""
+
+    def __str__(self) -> str:
+        # KeyError quotes its message; this one is a sentence.
+        return str(self.args[0]) if self.args else ""
+
+
+class RankValueError(GpubufError, ValueError):
+    """A rank that cannot be ordered (NaN)."""
+
+
+class ImmutableStorageError(GpubufError, RuntimeError):
+    """A write (add, extend, set, empty) was asked of a dataset or storage that takes none.
+
+    A ``RuntimeError``, as TorchRL raises in the same situation.
+    """
+
+
+class EnsembleBatchSizeError(BatchSizeError, ValueError):
+    """A batch size that is not a multiple of ``num_buffer_sampled`` (a ``ValueError`` as in TorchRL)."""

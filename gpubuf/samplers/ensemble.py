@@ -9,14 +9,10 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from gpubuf.errors import BatchSizeError, EmptyBufferError, UnsupportedDataError
+from gpubuf.errors import EmptyBufferError, EnsembleBatchSizeError, UnsupportedDataError
 from gpubuf.samplers.base import Sampler
 
 __all__ = ["SamplerEnsemble", "EnsembleBatchSizeError"]
-
-
-class EnsembleBatchSizeError(BatchSizeError, ValueError):
-    """A batch size that is not a multiple of ``num_buffer_sampled`` (a ``ValueError`` as in TorchRL)."""
 
 
 class SamplerEnsemble(Sampler):

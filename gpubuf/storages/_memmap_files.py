@@ -30,7 +30,14 @@ import torch
 import torch.utils._pytree as pytree
 from tensordict import TensorDict
 
-from gpubuf.errors import GpubufError, SchemaMismatchError
+from gpubuf.errors import (  # noqa: F401  (the memmap errors are re-exported from here)
+    DiskFullError,
+    MemmapStorageError,
+    ScratchDirError,
+    StorageExistsError,
+    StorageMismatchError,
+    StorageNotSharableError,
+)
 from gpubuf.storages._layout import Layout, LeafSpec
 from gpubuf.storages._shared import state_dir
 
@@ -49,33 +56,6 @@ LAYOUT_FILE = "layout.json"
 
 
 # ---------------------------------------------------------------------------------------- errors
-class MemmapStorageError(GpubufError, OSError):
-    """The files of a memory-mapped storage cannot be created, opened or written.
-
-    Raised before anything is changed: rows already stored stay intact and readable.
-    """
-
-
-class ScratchDirError(MemmapStorageError):
-    """The ``scratch_dir`` cannot hold the storage: not writable, or not a directory."""
-
-
-class StorageExistsError(MemmapStorageError, FileExistsError):
-    """The storage's files already exist and ``existsok=False``."""
-
-
-class DiskFullError(MemmapStorageError):
-    """No space left on the device (``ENOSPC``/``EDQUOT``) for the rows being written."""
-
-
-class StorageMismatchError(SchemaMismatchError):
-    """A storage found on disk was made with another capacity, ``ndim`` or data layout."""
-
-
-class StorageNotSharableError(GpubufError, RuntimeError):
-    """A storage cannot be sent to another process in its current state."""
-
-
 _DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _NO_ACCESS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EISDIR, errno.ENOENT}
 

@@ -6,17 +6,10 @@ from typing import Any
 
 import torch
 
-from gpubuf.errors import GpubufError
+from gpubuf.errors import ImmutableStorageError
 from gpubuf.writers.base import Writer
 
 __all__ = ["ImmutableDatasetWriter", "ImmutableStorageError"]
-
-
-class ImmutableStorageError(GpubufError, RuntimeError):
-    """A write (add, extend, set, empty) was asked of a dataset or storage that takes none.
-
-    A ``RuntimeError``, as TorchRL raises in the same situation.
-    """
 
 
 class ImmutableDatasetWriter(Writer):

@@ -7,25 +7,13 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
-from gpubuf.errors import GpubufError, SchemaMismatchError, UnsupportedDataError
+from gpubuf.errors import RankKeyError, RankValueError, SchemaMismatchError, UnsupportedDataError
 from gpubuf.storages._layout import is_tensor_collection
 from gpubuf.writers.base import Writer
 
 __all__ = ["TensorDictMaxValueWriter", "RankKeyError", "RankValueError"]
 
 _REDUCTIONS = ("max", "min", "mean", "median", "sum")
-
-
-class RankKeyError(SchemaMismatchError, KeyError):
-    """The data written has no entry at the writer's ``rank_key`` (a ``KeyError`` too, as in TorchRL)."""
-
-    def __str__(self) -> str:
-        # KeyError quotes its message; this one is a sentence.
-        return str(self.args[0]) if self.args else ""
-
-
-class RankValueError(GpubufError, ValueError):
-    """A rank that cannot be ordered (NaN)."""
 
 
 class TensorDictMaxValueWriter(Writer):
