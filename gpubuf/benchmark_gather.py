@@ -213,7 +213,7 @@ def run_gather_benchmark(config: GatherBenchConfig) -> dict[str, Any]:
             if name == "torchrl" and not config.include_torchrl:
                 reasons[name] = "not requested"
             elif name == "torchrl":
-                made, reason = torchrl_compat.attempt(lambda: _torchrl_provider(data), "construction")
+                made, reason = torchrl_compat.attempt(lambda data=data: _torchrl_provider(data), "construction")
                 if reason is None:
                     built[name] = made
                 else:

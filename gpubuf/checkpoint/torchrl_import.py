@@ -125,7 +125,6 @@ def _td_dir(reader: _Reader, rel_dir: str, prefix: tuple, leaves: list) -> dict:
     meta = reader.json(f"{rel_dir}/meta.json")
     if not isinstance(meta, dict):
         raise CheckpointCorruptError(f"{rel_dir}/meta.json: expected an object")
-    td_type = meta.get("_type")
     for key, entry in meta.items():
         if key in _TD_META_KEYS:
             continue

@@ -8,7 +8,6 @@ import torch
 
 from gpubuf.errors import SchemaMismatchError
 from gpubuf.storages._layout import is_tensor_collection
-from gpubuf.storages.tensor import _is_int
 from gpubuf.writers.base import Writer, batch_length
 
 

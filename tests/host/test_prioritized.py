@@ -6,7 +6,6 @@ values are computed independently in these tests (float64 formulas over the prio
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import pytest
