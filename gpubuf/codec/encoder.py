@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpubuf.codec.checksum import adler32_ranges
+from gpubuf.codec.checksum import adler32_ranges, adler32_ranges_host
 from gpubuf.codec.format import (
     RUN_BLOCK,
     MAX_RUNS,
@@ -63,17 +63,16 @@ def wide_view(lines: torch.Tensor) -> torch.Tensor:
 def lines_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``[..., W]`` uint8 lines -> bool ``[...]``: True where the two lines hold the same bytes.
 
-    Compares in the widest integer unit that divides ``W`` and reduces the XORs with one
-    min/max pass (both, as the units are signed), several times faster on CPU than
-    ``(a == b).all(-1)``.
+    Compares in the widest integer unit that divides ``W`` and reduces the XORs with a max and
+    a min (the units are signed), several times faster on CPU than ``(a == b).all(-1)``.
     """
-    aw, bw = wide_view(a), wide_view(b)
+    aw, bw = (a, b) if a.dtype == b.dtype and a.dtype != torch.uint8 else (wide_view(a), wide_view(b))
     if aw.dtype != bw.dtype:
         aw, bw = a, b
     if aw.shape[-1] == 0:
         return torch.ones(aw.shape[:-1], dtype=torch.bool, device=aw.device)
-    lo, hi = torch.aminmax(aw ^ bw, dim=-1)
-    return (lo == 0) & (hi == 0)
+    x = aw ^ bw
+    return (x.amax(-1) == 0) & (x.amin(-1) == 0)
 
 
 def _run_breaks(signal: torch.Tensor) -> torch.Tensor:
@@ -88,7 +87,10 @@ def _run_breaks(signal: torch.Tensor) -> torch.Tensor:
 
 def _count_runs(signal: torch.Tensor) -> torch.Tensor:
     """Runs per line of ``[m, W]`` uint8 (int64 ``[m]``), splitting runs every 256 bytes."""
-    return _run_breaks(signal).view(torch.uint8).sum(1, dtype=torch.int64)
+    if signal.shape[1] > RUN_BLOCK:
+        return _run_breaks(signal).view(torch.uint8).sum(1, dtype=torch.int64)
+    changes = torch.ne(signal[:, 1:], signal[:, :-1])
+    return changes.view(torch.uint8).sum(1, dtype=torch.int64) + 1
 
 
 def encode_planes(
@@ -137,22 +139,28 @@ def encode_planes(
     plane_ids = torch.arange(P, device=device)
     first_plane = plane_ids - plane_ids % g.image_planes
     inrow_ok = ((plane_ids % g.image_planes) > 0) & inrow
-    if intra:
-        has_ref = torch.zeros(n, P, dtype=torch.bool, device=device)
-        ref = x
-    else:
-        has_ref = inrow_ok.expand(n, P).clone()
-        ref = x[:, first_plane] if bool(inrow_ok.any()) else x
-        if has_key is not None and key_planes is not None and bool(has_key.any()):
-            has_ref |= has_key[:, None]
-            ref = torch.where(has_key[:, None, None, None], key_planes.reshape(n, P, H, W), ref)
+    keyed = not intra and has_key is not None and key_planes is not None and bool(has_key.any())
+    inrow_any = not intra and bool(inrow_ok.any())
+    has_ref = torch.zeros(n, P, dtype=torch.bool, device=device)
+    ref = x  # what planes without a reference compare against does not matter
+    if inrow_any:
+        has_ref |= inrow_ok
+        ref = x[:, first_plane]
+    if keyed:
+        has_ref |= has_key[:, None]
+        if inrow_any:
+            sel = has_key.nonzero().squeeze(1)
+            ref.index_copy_(0, sel, key_planes.reshape(n, P, H, W).index_select(0, sel))
+        else:
+            ref = key_planes.reshape(n, P, H, W)
 
     modes = torch.full((n, P, H), MODE_RAW, dtype=torch.uint8, device=device)
-    same_ref = has_ref[:, :, None] & lines_equal(x, ref)
-    modes.masked_fill_(same_ref, MODE_REF)
+    xw = wide_view(x)  # widened once: slices of it stay wide
+    if bool(has_ref.any()):
+        modes.masked_fill_(has_ref[:, :, None] & lines_equal(xw, wide_view(ref)), MODE_REF)
     if H > 1:
         # UP is preferred to REF: it resolves inside the row.
-        modes[:, :, 1:].masked_fill_(lines_equal(x[:, :, 1:], x[:, :, :-1]), MODE_UP)
+        modes[:, :, 1:].masked_fill_(lines_equal(xw[:, :, 1:], xw[:, :, :-1]), MODE_UP)
     modes = modes.view(n, L)
 
     # Candidates for runs: lines neither UP nor REF.
@@ -193,7 +201,10 @@ def encode_planes(
         data[dst.view(-1)] = x.index_select(0, raw_rows).reshape(-1)
     if coded_rows.numel():
         _write_coded(data, x, ref, modes, line_runs, size, use_res, cand, coded, starts, n_runs_lines, coded_rows, g)
-    checksums = adler32_ranges(data, starts, row_size, ref_rows)
+    if device.type == "cpu":
+        checksums = adler32_ranges_host(data, starts, row_size, ref_rows)
+    else:
+        checksums = adler32_ranges(data, starts, row_size, ref_rows)
     return EncodedBatch(data, starts, row_size, checksums)
 
 
@@ -234,20 +245,19 @@ def _write_coded(data, x, ref, modes, line_runs, size, use_res, cand, coded, sta
     if raw_lines.numel():
         r, l = raw_lines[:, 0], raw_lines[:, 1]
         dst = line_start[r, l][:, None] + torch.arange(W, device=device)
-        src_rows = rows_c[r]
-        data[dst.view(-1)] = x.reshape(n, L, W)[src_rows, l].reshape(-1)
+        data[dst.view(-1)] = x.reshape(n * L, W).index_select(0, rows_c[r] * L + l).reshape(-1)
 
     # RUNS lines: run starts (low bytes, run 0 implied) then values, of the line or of its
     # residual against the reference line.
     runs_lines = is_runs.nonzero()
     if runs_lines.numel():
         r, l = runs_lines[:, 0], runs_lines[:, 1]
-        src_rows = rows_c[r]
-        signal = x.reshape(n, L, W)[src_rows, l]
+        flat_line = rows_c[r] * L + l
+        signal = x.reshape(n * L, W).index_select(0, flat_line)
         res = res_c[r, l]
         if bool(res.any()):
             rsel = res.nonzero().squeeze(1)
-            signal[rsel] = signal[rsel] - ref.reshape(n, L, W)[src_rows[rsel], l[rsel]]
+            signal[rsel] -= ref.reshape(n * L, W).index_select(0, flat_line.index_select(0, rsel))
         brk = _run_breaks(signal)
         j, xs = brk.nonzero().unbind(1)
         nr = runs_c[r, l]

@@ -16,7 +16,7 @@ import torch
 
 from gpubuf.codec.encoder import wide_view
 
-__all__ = ["stack_indices", "transition_indices", "match_frames"]
+__all__ = ["stack_indices", "transition_indices", "match_frames", "frames_equal"]
 
 
 def stack_indices(episode_start: np.ndarray | torch.Tensor, num_stack: int = 4) -> np.ndarray:
@@ -59,18 +59,34 @@ def transition_indices(episode_start: np.ndarray | torch.Tensor, num_stack: int 
     return idx[t], idx[t + 1]
 
 
-def _eq(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Frames ``[..., F]`` (flattened, in any integer unit) -> bool ``[...]``: equal."""
-    if a.shape[-1] == 0:
-        return torch.ones(a.shape[:-1], dtype=torch.bool, device=a.device)
-    lo, hi = torch.aminmax(a ^ b, dim=-1)
-    return (lo == 0) & (hi == 0)
+_CHUNK = 128  # frames compared per step: bounds the XOR scratch (a fresh large CPU tensor page-faults)
+
+
+def frames_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Frames ``[..., F]`` (flattened, in any integer unit; views allowed) -> bool ``[...]``: equal.
+
+    XOR then max and min (the units are signed), in chunks through one reused buffer.
+    """
+    lead = a.shape[:-1]
+    if a.shape[-1] == 0 or a.numel() == 0:
+        return torch.ones(lead, dtype=torch.bool, device=a.device)
+    a2 = a.reshape(-1, a.shape[-1])
+    b2 = b.reshape(-1, b.shape[-1])
+    m = a2.shape[0]
+    out = torch.empty(m, dtype=torch.bool, device=a.device)
+    scratch = torch.empty(min(m, _CHUNK), a2.shape[1], dtype=a2.dtype, device=a.device)
+    for first in range(0, m, _CHUNK):
+        last = min(first + _CHUNK, m)
+        x = torch.bitwise_xor(a2[first:last], b2[first:last], out=scratch[: last - first])
+        out[first:last] = (x.amax(-1) == 0) & (x.amin(-1) == 0)
+    return out.view(lead)
 
 
 def match_frames(
     stacks: list[torch.Tensor],
     pairs: list[int | None],
     tail: list[torch.Tensor] | None = None,
+    buffers: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """For every frame slot of a batch, the earlier slot holding the same bytes (or itself).
 
@@ -78,68 +94,82 @@ def match_frames(
     *tail* (the last row written before this batch), may be given. Candidates, first match wins:
 
     1. ``next[i-1][k]`` for a base leaf (``obs[i] == next_obs[i-1]`` along an episode);
-    2. ``leaf[i-1][k+1]`` (a stack shifted by one step);
-    3. ``base[i][k+1]`` for a next leaf (``next_obs[i][:-1] == obs[i][1:]``);
+    2. ``base[i][k+1]`` for a next leaf (``next_obs[i][:-1] == obs[i][1:]``);
+    3. ``leaf[i-1][k+1]`` (a stack shifted by one step);
     4. ``leaf[i][k+1]`` (a repeated frame, as at an episode start).
 
     Every candidate comes earlier in the order (row, base leaves before next leaves, position
     from the last down), so following matches always ends at a slot without one (a *root*).
+    A leaf's first candidate is compared for every slot; later ones only for the slots still
+    unmatched (few: episode starts and new frames).
 
     Args:
         stacks: uint8 ``[n, S, F]`` per stacked leaf (frames flattened to bytes).
         pairs: for each leaf, the position of its base leaf if it is a next leaf, else None.
         tail: uint8 ``[S, F]`` per leaf for the previous row, or None.
+        buffers: optional uint8 scratch tensors, one per leaf, of at least ``(n + 1) * S * F``
+            bytes, reused for the copy of tail and batch (a fresh large CPU tensor page-faults).
 
     Returns:
-        int64 ``[(n + 1) * J * S]``: the root slot of every slot, slot ``((i + 1) * J + j) * S + k``
+        int64 ``[(n + 1) * J * S]``: the root of every slot, slot ``((i + 1) * J + j) * S + k``
         (row ``-1`` is the tail; its slots are their own roots).
     """
     J = len(stacks)
     n, S = stacks[0].shape[:2]
     device = stacks[0].device
     has_tail = tail is not None
-    # Rows -1..n-1; a missing tail is a row that matches nothing.
-    # Compared in the widest integer unit dividing a frame's size, hence the contiguous copy.
-    full = [
-        wide_view(torch.cat([(t if has_tail else torch.zeros_like(x[0])).unsqueeze(0), x]))
-        for x, t in zip(stacks, tail or [None] * J)
-    ]
+    # Rows -1..n-1 (a missing tail matches nothing), compared in the widest integer unit.
+    full = []
+    for j, x in enumerate(stacks):
+        if buffers is not None:
+            dst = buffers[j][: (n + 1) * x[0].numel()].view(n + 1, *x.shape[1:])
+        else:
+            dst = torch.empty((n + 1, *x.shape[1:]), dtype=x.dtype, device=device)
+        if has_tail:
+            dst[0].copy_(tail[j])
+        else:
+            dst[0].zero_()
+        dst[1:].copy_(x)
+        full.append(wide_view(dst))
+    width = full[0].shape[-1]
     slots = (n + 1) * J * S
-    parent = torch.arange(slots, device=device).view(n + 1, J, S)
-    matched = torch.zeros(n + 1, J, S, dtype=torch.bool, device=device)
-    order = _slot_order(pairs)
-
-    base_ids = torch.arange(slots, device=device).view(n + 1, J, S)
-    for j in order:
-        x = full[j]
-        cands = []
-        if pairs[j] is None:
-            nxt = [jj for jj, p in enumerate(pairs) if p == j]
-            for jj in nxt:
-                cands.append(("prev", jj, 0))
-        cands.append(("prev", j, 1))
+    ids = torch.arange(slots, device=device).view(n + 1, J, S)
+    parent = ids.clone()
+    open_ = torch.ones(n + 1, J, S, dtype=torch.bool, device=device)
+    open_[0] = False
+    first_row = 0 if has_tail else 1  # the first batch row that has a previous row
+    _whole_stack_matches(full, pairs, parent, open_, ids, first_row)
+    for j in [j for j, p in enumerate(pairs) if p is None] + [j for j, p in enumerate(pairs) if p is not None]:
+        cands = [("prev", jj, 0) for jj, p in enumerate(pairs) if p == j and pairs[j] is None]
         if pairs[j] is not None:
             cands.append(("same", pairs[j], 1))
-        cands.append(("same", j, 1))
+        cands += [("prev", j, 1), ("same", j, 1)]
         for kind, jj, shift in cands:
-            y = full[jj]
-            if kind == "prev":
-                a, b = x[1:, : S - shift], y[:-1, shift:]
-                rows = slice(1, None)
-                src_rows = slice(0, n)
-            else:
-                a, b = x[1:, : S - shift], y[1:, shift:]
-                rows = slice(1, None)
-                src_rows = slice(1, None)
-            if a.shape[1] == 0:
+            if shift >= S:
                 continue
-            eq = _eq(a, b)
-            if kind == "prev" and not has_tail:
-                eq[0] = False
-            free = ~matched[rows, j, : S - shift]
-            take = eq & free
-            parent[rows, j, : S - shift] = torch.where(take, base_ids[src_rows, jj, shift:], parent[rows, j, : S - shift])
-            matched[rows, j, : S - shift] |= take
+            lo = 1 + (first_row if kind == "prev" else 0)
+            src_off = -1 if kind == "prev" else 0
+            window = open_[lo:, j, : S - shift]
+            todo = window.nonzero()
+            if todo.numel() == 0:
+                continue
+            if todo.shape[0] * 2 > window.numel():
+                # Most slots still open: compare the whole window, strided, without gathering.
+                eq = frames_equal(full[j][lo:, : S - shift], full[jj][lo + src_off : n + 1 + src_off, shift:]) & window
+                take = eq.nonzero()
+            else:
+                rows, ks = todo[:, 0] + lo, todo[:, 1]
+                a = full[j].view(-1, width).index_select(0, rows * S + ks)
+                b = full[jj].view(-1, width).index_select(0, (rows + src_off) * S + ks + shift)
+                hit = frames_equal(a, b)
+                take = todo[hit]
+                take = torch.stack([take[:, 0], take[:, 1]], 1)
+            if take.numel() == 0:
+                continue
+            r = take[:, 0] + lo
+            k = take[:, 1]
+            parent[r, j, k] = ids[r + src_off, jj, k + shift]
+            open_[r, j, k] = False
     parent = parent.view(-1)
     # Pointer jumping: every chain ends at a root in O(log slots) steps.
     while True:
@@ -147,6 +177,44 @@ def match_frames(
         if torch.equal(nxt, parent):
             return parent
         parent = nxt
+
+
+def _whole_stack_matches(full, pairs, parent, open_, ids, first_row) -> None:
+    """Matches whole stacks along an episode at once: ``obs[i] == next[i-1]``, ``next[i][:-1] == obs[i][1:]``.
+
+    These two hold for every row inside an episode, so checking them per row settles almost all
+    slots; the slot-by-slot candidates then only look at the rest. On the CPU the per-row check
+    is ``torch.equal`` on the two stacks (a memory compare with an early exit, far cheaper than
+    any vectorised compare of whole frames); on other devices it is one vectorised compare.
+    """
+    n = full[0].shape[0] - 1
+    S = full[0].shape[1]
+    device = full[0].device
+    checks = []
+    for j, p in enumerate(pairs):
+        if p is None:
+            nxt = [jj for jj, q in enumerate(pairs) if q == j]
+            if nxt:  # obs[i] == next_obs[i-1], all S frames
+                checks.append((j, nxt[0], -1, 0, S))
+        else:  # next_obs[i][:S-1] == obs[i][1:]
+            checks.append((j, p, 0, 1, S - 1))
+    for j, jj, row_shift, shift, count in checks:
+        lo = 1 + (first_row if row_shift else 0)
+        if count <= 0 or lo > n:
+            continue
+        a = full[j][lo:, :count]
+        b = full[jj][lo + row_shift : n + 1 + row_shift, shift : shift + count]
+        if device.type == "cpu":
+            rows_a, rows_b = a.unbind(0), b.unbind(0)
+            same = torch.tensor([torch.equal(x, y) for x, y in zip(rows_a, rows_b)], dtype=torch.bool)
+        else:
+            same = frames_equal(a.reshape(a.shape[0], -1), b.reshape(b.shape[0], -1))
+        rows = same.nonzero().squeeze(1) + lo
+        if rows.numel() == 0:
+            continue
+        k = torch.arange(count, device=device)
+        parent[rows[:, None], j, k] = ids[rows[:, None] + row_shift, jj, k + shift]
+        open_[rows[:, None], j, k] = False
 
 
 def _slot_order(pairs: list[int | None]) -> list[int]:

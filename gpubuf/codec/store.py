@@ -84,7 +84,10 @@ class RowStore:
         if self.used + need > self.arena.numel():
             keep = live().clone()
             keep[ids] = False
-            self._compact(keep, need)
+            # Room for every slot at this batch's mean row size, so that filling the store does
+            # not copy the arena over and over; an unwritten CPU page costs nothing.
+            expected = need * self.rows // max(int(ids.numel()), 1) + need
+            self._compact(keep, need, reserve=expected if self.arena.numel() == 0 else 0)
         start = self.used
         if need:
             self.arena[start : start + need].copy_(encoded.data)
@@ -95,15 +98,18 @@ class RowStore:
         if self.refs is not None:
             self.refs[ids] = refs if refs is not None else -1
 
-    def _compact(self, keep: torch.Tensor, need: int) -> None:
-        """Moves the rows where ``keep`` into a fresh arena with room for ``need`` more bytes."""
+    def _compact(self, keep: torch.Tensor, need: int, reserve: int = 0) -> None:
+        """Moves the rows where ``keep`` into a fresh arena with room for ``need`` more bytes.
+
+        The new arena holds at least ``reserve`` bytes, and twice the live bytes plus ``need``.
+        """
         kept = keep.nonzero().squeeze(1)
         lengths = self.lengths.index_select(0, kept).to(torch.int64)
         live = int(lengths.sum()) if kept.numel() else 0
         target = live + need
         capacity = self.arena.numel()
         if 2 * target > capacity:
-            capacity = max(2 * target, _MIN_ARENA)
+            capacity = max(2 * target, _MIN_ARENA, reserve)
         arena = torch.empty(capacity, dtype=torch.uint8, device=self.device)
         new_offsets = torch.cumsum(lengths, 0) - lengths
         self._copy_rows(arena, self.offsets.index_select(0, kept), new_offsets, lengths)

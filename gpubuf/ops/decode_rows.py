@@ -286,26 +286,32 @@ def decode_rows_ref(
     # 5. Resolve lines to pool ids, for every needed row, then gather the sampled rows' lines.
     pid = torch.full((T * L,), -1, dtype=i64, device=device)
     pid[cl] = torch.arange(C, device=device)
-    t_ids = torch.arange(T, device=device)[:, None]
     src = torch.cummax(torch.where(modes != MODE_UP, ar_l, -1), 1).values.clamp_(min=0)
-    src_flat = (t_ids * L + src).view(-1)
+    src_flat = (torch.arange(T, device=device)[:, None] * L + src).view(-1)
     own = pid.index_select(0, src_flat).view(T, L)  # pool id of the resolved line, -1 for REF
-    r_src = resid_dense.view(-1).index_select(0, src_flat).view(T, L)
-    needs = (own < 0) | r_src
-    ref_row = torch.where(own_ref >= 0, _slot_of(tab, own_ref), torch.arange(T, device=device))
-    ref_line = torch.where((own_ref >= 0)[:, None], src, src - ((src // H) % P0) * H)
-    ref_flat = (ref_row[:, None] * L + ref_line).view(-1)
-    ref_src = src.view(-1).index_select(0, ref_flat).view(T, L)
-    ref_pid = pid.index_select(0, (ref_row[:, None] * L + ref_src).view(-1)).view(T, L)
-    base = torch.where(needs, ref_pid, own)
+    keyed_t = own_ref >= 0
+    ref_row = torch.where(keyed_t, _slot_of(tab, own_ref), torch.arange(T, device=device))
 
-    flat = (out.view(torch.uint8) if g.itemsize == 1 else torch.empty(B, P, H, W, dtype=torch.uint8, device=device))
+    def base_of(rows: torch.Tensor, lines: torch.Tensor) -> torch.Tensor:
+        """Pool id of line ``y`` of the reference plane of ``lines`` (flat ``[k]``) of table ``rows``."""
+        ref_line = torch.where(keyed_t.index_select(0, rows), lines, lines - ((lines // H) % P0) * H)
+        r = ref_row.index_select(0, rows)
+        return pid.index_select(0, r * L + src.view(-1).index_select(0, r * L + ref_line))
+
+    # Residual lines become decoded lines in place (base + residual): reference planes hold no
+    # residual, so the order does not matter, and output lines then need a single gather.
+    res_c = resid.nonzero().squeeze(1)
+    if res_c.numel():
+        pool.index_add_(0, res_c, pool.index_select(0, base_of(crow.index_select(0, res_c), cl.index_select(0, res_c) % L)))
+    ref_lines = (own < 0).view(-1).nonzero().squeeze(1)
+    base = own.view(-1).clone()
+    if ref_lines.numel():
+        base[ref_lines] = base_of(ref_lines // L, src.view(-1).index_select(0, ref_lines))
+
+    flat = out.view(torch.uint8) if g.itemsize == 1 else torch.empty(B, g.planes, H, W, dtype=torch.uint8, device=device)
     flat = flat.view(B * L, W)
-    torch.index_select(pool, 0, base.index_select(0, row_slot).view(-1), out=flat)
-    resid_out = r_src.index_select(0, row_slot).view(-1)
-    if bool(resid_out.any()):
-        rsel = resid_out.nonzero().squeeze(1)
-        flat[rsel] += pool.index_select(0, own.index_select(0, row_slot).view(-1).index_select(0, rsel))
+    lines_of_rows = base.to(torch.int32).view(T, L).index_select(0, row_slot).view(-1)
+    torch.index_select(pool, 0, lines_of_rows, out=flat)
     if g.itemsize != 1:
         s_ = g.itemsize
         out.view(torch.uint8).view(B, P0, H, W, s_).copy_(flat.view(B, s_, P0, H, W).permute(0, 2, 3, 4, 1))

@@ -66,6 +66,31 @@ def encode_rows(rows: torch.Tensor, geometry: RowGeometry, **kwargs):
     )
 
 
+def store_state(store: RowStore) -> dict[str, torch.Tensor]:
+    """Copies of a :class:`RowStore`'s used arena and row table."""
+    state = {
+        "arena": store.arena[: store.used].clone(),
+        "offsets": store.offsets.clone(),
+        "lengths": store.lengths.clone(),
+        "checksums": store.checksums.clone(),
+    }
+    if store.refs is not None:
+        state["refs"] = store.refs.clone()
+    return state
+
+
+def load_store_state(store: RowStore, saved: dict[str, torch.Tensor]) -> None:
+    """Restores :func:`store_state` into ``store`` (on the store's device)."""
+    device = store.device
+    store.arena = saved["arena"].to(device).clone()
+    store.used = store.arena.numel()
+    store.offsets = saved["offsets"].to(device).clone()
+    store.lengths = saved["lengths"].to(device).clone()
+    store.checksums = saved["checksums"].to(device).clone()
+    if "refs" in saved:
+        store.refs = saved["refs"].to(device).clone()
+
+
 class EncodedStorageBase(Storage):
     """Shared machinery of the storages that keep some leaves encoded (one item per row, ``ndim=1``).
 
@@ -299,6 +324,50 @@ class EncodedStorageBase(Storage):
         out = self._build(leaves, [rows.numel()])
         return out[0] if single else out
 
+    # ------------------------------------------------------------------ state
+    def _encoded_state(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _load_encoded_state(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """The storage's content: plain leaves, and the encoded leaves' arenas (trimmed) and tables.
+
+        The layout (keys, dtypes, shapes, container type) is kept as a Python object; the
+        tensors are copies, so the state does not change when the storage does.
+        """
+        if self._layout is None:
+            return {"_len": 0, "_layout": None}
+        return {
+            "_len": self._len,
+            "_layout": self._layout,
+            "_encoded": list(self._encoded),
+            "plain": {i: t.clone() for i, t in self._plain.items()},
+            "encoded": self._encoded_state(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores what :meth:`state_dict` returned (onto this storage's device)."""
+        layout = state_dict["_layout"]
+        self._layout = None
+        self._plain = {}
+        self._encoded = []
+        self._len = 0
+        if layout is None:
+            return
+        tensors = list(state_dict["plain"].values())
+        device = self.device if not self._auto_device else (tensors[0].device if tensors else torch.device("cpu"))
+        self._install(layout, torch.device(device))
+        if list(self._encoded) != list(state_dict["_encoded"]):
+            raise SchemaMismatchError(
+                f"the saved storage encodes leaves {state_dict['_encoded']}, this one would encode {self._encoded}"
+            )
+        for i, t in state_dict["plain"].items():
+            self._plain[int(i)].copy_(t)
+        self._load_encoded_state(state_dict["encoded"])
+        self._len = int(state_dict["_len"])
+
     # ------------------------------------------------------------------ misc
     def _empty(self) -> None:
         self._len = 0
@@ -423,43 +492,9 @@ class CompressedTensorStorage(EncodedStorageBase):
         return self.stats()["stored_bytes"]
 
     # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict[str, Any]:
-        """The storage's content: plain leaves, and per compressed leaf its arena (trimmed) and row table."""
-        return {
-            "_len": self._len,
-            "_layout": self._layout,
-            "_encoded": list(self._encoded),
-            "plain": {i: t.clone() for i, t in self._plain.items()},
-            "stores": [
-                {
-                    "arena": s.arena[: s.used].clone(),
-                    "offsets": s.offsets.clone(),
-                    "lengths": s.lengths.clone(),
-                    "checksums": s.checksums.clone(),
-                }
-                for s in self._stores
-            ],
-        }
+    def _encoded_state(self) -> dict[str, Any]:
+        return {"stores": [store_state(s) for s in self._stores]}
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        layout = state_dict["_layout"]
-        if layout is None:
-            self._layout = None
-            self._len = 0
-            return
-        device = self.device if not self._auto_device else next(iter(state_dict["plain"].values()), state_dict["stores"][0]["arena"]).device
-        self._layout = None
-        self._install(layout, torch.device(device))
-        if list(self._encoded) != list(state_dict["_encoded"]):
-            self._encoded = list(state_dict["_encoded"])
-            self._plain = {int(i): None for i in state_dict["plain"]}
-            self._init_encoded(layout, self.device)
-        for i, t in state_dict["plain"].items():
-            self._plain[int(i)] = t.to(self.device).clone()
-        for store, saved in zip(self._stores, state_dict["stores"]):
-            store.arena = saved["arena"].to(self.device).clone()
-            store.used = store.arena.numel()
-            store.offsets = saved["offsets"].to(self.device).clone()
-            store.lengths = saved["lengths"].to(self.device).clone()
-            store.checksums = saved["checksums"].to(self.device).clone()
-        self._len = int(state_dict["_len"])
+    def _load_encoded_state(self, state: dict[str, Any]) -> None:
+        for store, saved in zip(self._stores, state["stores"]):
+            load_store_state(store, saved)

@@ -33,7 +33,7 @@ from gpubuf.codec.store import RowStore
 from gpubuf.errors import SchemaMismatchError
 from gpubuf.ops.decode_rows import decode_rows, empty_output
 from gpubuf.storages._layout import Layout
-from gpubuf.storages.codec_storage import EncodedStorageBase, _norm_key, encode_rows
+from gpubuf.storages.codec_storage import EncodedStorageBase, _norm_key, encode_rows, load_store_state, store_state
 
 __all__ = ["FrameStackStorage"]
 
@@ -91,6 +91,7 @@ class FrameStackStorage(EncodedStorageBase):
         self.stack_keys = None if stack_keys is None else [_norm_key(k) for k in stack_keys]
         self.key_interval = key_interval
         self._tail: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (slot, frame ids [J, S], bytes [J, S, FB])
+        self._scratch: list[torch.Tensor] | None = None  # reused copies of the batch for matching
 
     # ------------------------------------------------------------------ layout
     def _choose(self, layout: Layout) -> list[int]:
@@ -182,7 +183,12 @@ class FrameStackStorage(EncodedStorageBase):
             self._compact_frames(n * J * S)
             tail = self._tail
 
-        roots = match_frames(stacks, self._pairs, None if tail is None else [tail[2][j] for j in range(J)])
+        need = (n + 1) * S * FB
+        if self._scratch is None or self._scratch[0].numel() < need or self._scratch[0].device != device:
+            self._scratch = [torch.empty(need, dtype=torch.uint8, device=device) for _ in range(J)]
+        roots = match_frames(
+            stacks, self._pairs, None if tail is None else [tail[2][j] for j in range(J)], buffers=self._scratch
+        )
         slots = (n + 1) * J * S
         slot_ids = torch.arange(slots, device=device)
         is_new = (roots == slot_ids) & (slot_ids >= J * S)
@@ -196,8 +202,15 @@ class FrameStackStorage(EncodedStorageBase):
         fid = fid.index_select(0, roots)
 
         if m:
-            new_bytes = torch.cat([x.unsqueeze(0) for x in stacks]).permute(1, 0, 2, 3).reshape(n * J * S, FB)
-            new_bytes = new_bytes.index_select(0, new_slots - J * S)
+            # Bytes of the new frames, gathered leaf by leaf from the batch.
+            new_bytes = torch.empty(m, FB, dtype=torch.uint8, device=device)
+            row = new_slots // (J * S) - 1
+            leaf = (new_slots // S) % J
+            pos = new_slots % S
+            for j in range(J):
+                sel = (leaf == j).nonzero().squeeze(1)
+                if sel.numel():
+                    new_bytes[sel] = stacks[j].view(n * S, FB).index_select(0, row[sel] * S + pos[sel])
             keys, ages = self._assign_keys(fid, new_slots, first_id, m)
             self._encode_new(new_bytes, keys, first_id, m, fid)
             self._age[first_id : first_id + m] = ages
@@ -277,6 +290,24 @@ class FrameStackStorage(EncodedStorageBase):
         self._refs.fill_(-1)
         self._frames.empty()
         self._n_frames = 0
+        self._tail = None
+
+    # ------------------------------------------------------------------ state
+    def _encoded_state(self) -> dict[str, Any]:
+        return {
+            "frames": store_state(self._frames),
+            "age": self._age[: self._n_frames].clone(),
+            "n_frames": self._n_frames,
+            "refs": self._refs.clone(),
+        }
+
+    def _load_encoded_state(self, state: dict[str, Any]) -> None:
+        load_store_state(self._frames, state["frames"])
+        n = int(state["n_frames"])
+        self._age = torch.zeros(self._frames.rows, dtype=torch.int32, device=self._refs.device)
+        self._age[:n] = state["age"].to(self._age.device)
+        self._n_frames = n
+        self._refs = state["refs"].to(self._refs.device).clone()
         self._tail = None
 
     # ------------------------------------------------------------------ sizes

@@ -115,10 +115,10 @@ def _line_table_kernel(
         bad = tl.load(status_ptr + t)
         off = tl.load(offsets_ptr + row)
         nb = tl.load(lengths_ptr + row).to(tl.int64)
-        own_ref = -1
+        own_ref = tl.full((), -1, tl.int32)
         if HAS_REFS:
             own_ref = tl.load(refs_ptr + row)
-        if is_key_slot and own_ref != -1:
+        if is_key_slot & (own_ref != -1):
             bad = bad | _BAD_REFERENCE
         if (off < 0) or (nb < 0) or (off + nb > arena_size):
             bad = bad | _BAD_BOUNDS
@@ -127,7 +127,7 @@ def _line_table_kernel(
         is_raw = (nb == raw_bytes).to(tl.int32)
         # REF and residual lines may appear in every plane of a row with a reference row, in
         # planes p % P0 > 0 otherwise, and nowhere in a reference row.
-        keyed = (own_ref >= 0) and (not is_key_slot)
+        keyed = (own_ref >= 0) & (t < batch)
 
         # Pass 1: how many RUNS lines, which fixes where the payloads start.
         n_runs_lines = tl.zeros((), dtype=tl.int64)
@@ -213,7 +213,6 @@ def _expand_line(arena_ptr, off, mode, runs, x, xmask, width, arena_size, RUN_BL
     n_starts = tl.where(is_raw, 0, runs - 1)
     count = tl.zeros(x.shape, dtype=tl.int32)
     blocks = tl.zeros((), dtype=tl.int64)
-    prev = tl.zeros((), dtype=tl.int64)
     bad = tl.zeros((), dtype=tl.int32)
     r = tl.arange(0, RUN_BLOCK).to(tl.int64)
     for r0 in range(0, n_starts, RUN_BLOCK):

@@ -144,6 +144,22 @@ def test_compress_keys_selects_leaves_and_state_dict_round_trip(atari):
         CompressedTensorStorage(10, compress_keys=["nope"])._write_rows(0, data[:3])
 
 
+def test_framestack_state_dict_round_trip_and_keeps_writing(atari):
+    data = _transitions(atari, stop=120)
+    ours, naive = FrameStackStorage(100), LazyTensorStorage(100)
+    ours._write_rows(0, data[:80])
+    naive._write_rows(0, data[:80])
+    other = FrameStackStorage(100)
+    other.load_state_dict(ours.state_dict())
+    _same(other.get(torch.arange(80)), naive.get(torch.arange(80)))
+    other._write_rows(80, data[80:])
+    naive._write_rows(80, data[80:])
+    _same(other.get(torch.arange(100)), naive.get(torch.arange(100)))
+    rb = ReplayBuffer(storage=FrameStackStorage(100), batch_size=4)
+    rb.extend(data[:10])
+    assert "_storage" in rb.state_dict()
+
+
 def test_errors_leave_storage_unchanged(atari):
     data = _transitions(atari, stop=20)
     for storage in (CompressedTensorStorage(30), FrameStackStorage(30)):
