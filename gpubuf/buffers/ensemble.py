@@ -5,10 +5,10 @@ from __future__ import annotations
 import textwrap
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from gpubuf._ensemble import member_positions
 from gpubuf.buffers.base import ReplayBuffer, _stack_anything
 from gpubuf.samplers.ensemble import SamplerEnsemble
 from gpubuf.storages.ensemble import StorageEnsemble
@@ -17,8 +17,6 @@ from gpubuf.writers.ensemble import WriterEnsemble
 from gpubuf.writers.immutable import ImmutableStorageError
 
 __all__ = ["ReplayBufferEnsemble"]
-
-_INDEX_ERROR = "Expected an index of type torch.Tensor, range, np.ndarray, int, slice or ellipsis, got {} instead."
 
 
 def _default_collate(storage: Any) -> Callable:
@@ -190,30 +188,13 @@ class ReplayBufferEnsemble(ReplayBuffer):
             if isinstance(picked, ReplayBufferEnsemble):
                 return picked[(slice(None), *index[1:])]
             return picked[rest]
-        if isinstance(index, slice) and index == slice(None):
-            return self
         if isinstance(index, str):
             raise IndexError("a ReplayBufferEnsemble is indexed by member; read a key from a member: ensemble[i][key]")
-        if isinstance(index, (list, range, np.ndarray)):
-            index = torch.as_tensor(index)
-        if isinstance(index, torch.Tensor):
-            if index.ndim > 1:
-                raise IndexError(f"Cannot index a {type(self).__name__} with tensor indices of more than one dimension.")
-            if index.is_floating_point():
-                raise TypeError("A floating point index was received when an integer dtype was expected.")
-            if index.ndim == 0:
-                index = int(index)
-        if isinstance(index, int):
-            try:
-                return self._rbs[index]
-            except IndexError:
-                raise IndexError(_INDEX_ERROR.format(type(index))) from None
-        if isinstance(index, torch.Tensor):
-            picked = index.tolist()
-        elif isinstance(index, slice):
-            picked = list(range(len(self._rbs)))[index]
-        else:
-            raise IndexError(_INDEX_ERROR.format(type(index)))
+        picked = member_positions(index, len(self._rbs), type(self).__name__)
+        if picked is None:
+            return self
+        if isinstance(picked, int):
+            return self._rbs[picked]
         sampler = self._sampler
         return ReplayBufferEnsemble(
             *[self._rbs[i] for i in picked],

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from gpubuf._ensemble import rng_to_members
 from gpubuf.errors import EmptyBufferError, EnsembleBatchSizeError, UnsupportedDataError
 from gpubuf.samplers.base import Sampler
 
@@ -50,15 +51,7 @@ class SamplerEnsemble(Sampler):
         self.p = p
         self._num_buffer_sampled = num_buffer_sampled
 
-    @property
-    def _rng(self) -> torch.Generator | None:
-        return self._rng_private
-
-    @_rng.setter
-    def _rng(self, value: torch.Generator | None) -> None:
-        self._rng_private = value
-        for sampler in self._samplers:
-            sampler._rng = value
+    _rng = rng_to_members("_samplers")
 
     @property
     def p(self) -> torch.Tensor | None:

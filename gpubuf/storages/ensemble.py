@@ -5,14 +5,12 @@ from __future__ import annotations
 import textwrap
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import torch
 
+from gpubuf._ensemble import member_positions, rng_to_members
 from gpubuf.storages.base import Storage
 
 __all__ = ["StorageEnsemble"]
-
-_INDEX_ERROR = "Expected an index of type torch.Tensor, range, np.ndarray, int, slice or ellipsis, got {} instead."
 
 
 class StorageEnsemble(Storage):
@@ -41,15 +39,7 @@ class StorageEnsemble(Storage):
         self._transforms = list(transforms) if transforms is not None else None
         super().__init__(max_size=max(1, sum(storage.max_size for storage in storages)))
 
-    @property
-    def _rng(self) -> torch.Generator | None:
-        return self._rng_private
-
-    @_rng.setter
-    def _rng(self, value: torch.Generator | None) -> None:
-        self._rng_private = value
-        for storage in self._storages:
-            storage._rng = value
+    _rng = rng_to_members("_storages")
 
     @property
     def storages(self) -> tuple[Storage, ...]:
@@ -102,31 +92,13 @@ class StorageEnsemble(Storage):
                     return result[(slice(None), *index[1:])]
                 return result[index[1:] if len(index) > 2 else index[1]]
             return result
-        if isinstance(index, slice) and index == slice(None):
+        picked = member_positions(index, len(self._storages), type(self).__name__)
+        if picked is None:
             return self
-        if isinstance(index, (list, range, np.ndarray)):
-            index = torch.as_tensor(index)
-        if isinstance(index, torch.Tensor):
-            if index.ndim > 1:
-                raise IndexError(f"Cannot index a {type(self).__name__} with tensor indices of more than one dimension.")
-            if index.is_floating_point():
-                raise TypeError("A floating point index was received when an integer dtype was expected.")
-            if index.ndim == 0:
-                index = int(index)
-        if isinstance(index, int):
-            try:
-                return self._storages[index]
-            except IndexError:
-                raise IndexError(_INDEX_ERROR.format(type(index))) from None
-        if isinstance(index, torch.Tensor):
-            picked = index.tolist()
-            storages = [self._storages[i] for i in picked]
-            transforms = [self._transforms[i] for i in picked] if self._transforms is not None else None
-        elif isinstance(index, slice):
-            storages = list(self._storages[index])
-            transforms = self._transforms[index] if self._transforms is not None else None
-        else:
-            raise IndexError(_INDEX_ERROR.format(type(index)))
+        if isinstance(picked, int):
+            return self._storages[picked]
+        storages = [self._storages[i] for i in picked]
+        transforms = [self._transforms[i] for i in picked] if self._transforms is not None else None
         return StorageEnsemble(*storages, transforms=transforms)
 
     def __len__(self) -> int:

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from gpubuf._ensemble import rng_to_members
 from gpubuf.writers.base import Writer
 from gpubuf.writers.immutable import ImmutableStorageError
 
@@ -31,15 +32,7 @@ class WriterEnsemble(Writer):
         self._compilable = False
         self._rng_private = None
 
-    @property
-    def _rng(self) -> torch.Generator | None:
-        return self._rng_private
-
-    @_rng.setter
-    def _rng(self, value: torch.Generator | None) -> None:
-        self._rng_private = value
-        for writer in self._writers:
-            writer._rng = value
+    _rng = rng_to_members("_writers")
 
     @property
     def _write_count(self) -> int:
