@@ -16,13 +16,18 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from gpubuf.errors import DeviceMismatchError, DTypeMismatchError, IndexOutOfRangeError, SchemaMismatchError
+from gpubuf.errors import IndexOutOfRangeError, SchemaMismatchError
+from gpubuf.ops._checks import (
+    INDEX_DTYPES,
+    check_devices,
+    check_index_range,
+    check_out_count,
+    check_out_like,
+    check_sources,
+)
 from gpubuf.ops._dispatch import kernel_module, resolve_backend
 
 __all__ = ["gather_packed", "gather_packed_ref", "gather_packed_trusted", "packed_offsets"]
-
-_INDEX_DTYPES = (torch.int64, torch.int32)
-
 
 def packed_offsets(lengths: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """The output offsets of a packed gather: ``[0, cumsum(lengths[index])]``.
@@ -217,33 +222,19 @@ def _check(
 ) -> None:
     if not values:
         raise ValueError("gather_packed needs at least one values tensor")
-    if not isinstance(index, torch.Tensor) or index.ndim != 1 or index.dtype not in _INDEX_DTYPES:
+    if not isinstance(index, torch.Tensor) or index.ndim != 1 or index.dtype not in INDEX_DTYPES:
         raise TypeError("index must be a 1-D int64 or int32 tensor")
     for name, t in (("starts", starts), ("lengths", lengths)):
         if not isinstance(t, torch.Tensor) or t.ndim != 1 or t.dtype != torch.int64:
             raise TypeError(f"{name} must be a 1-D int64 tensor")
     if starts.shape != lengths.shape:
         raise SchemaMismatchError(f"starts has shape {list(starts.shape)} but lengths {list(lengths.shape)}")
-    device = values[0].device
-    m = values[0].shape[0] if values[0].ndim else None
-    for i, v in enumerate(values):
-        if v.ndim == 0:
-            raise SchemaMismatchError(f"values #{i} is a scalar; expected a tensor of shape [M, ...]")
-        if v.device != device:
-            raise DeviceMismatchError(f"values #{i} is on {v.device}, expected {device} like values #0")
-        if v.shape[0] != m:
-            raise SchemaMismatchError(f"values #{i} has {v.shape[0]} tokens, expected {m} like values #0")
-    for name, t in (("starts", starts), ("lengths", lengths), ("index", index)):
-        if t.device != device:
-            raise DeviceMismatchError(f"{name} is on {t.device}, expected the values' device {device}")
+    device = check_sources(values, "values", "M", "tokens")
+    check_devices((("starts", starts), ("lengths", lengths), ("index", index)), device, "values")
     if outs is not None:
-        if len(outs) != len(values):
-            raise ValueError(f"got {len(outs)} outputs for {len(values)} values tensors")
+        check_out_count(outs, values, "values tensors")
         for i, (v, out) in enumerate(zip(values, outs)):
-            if out.dtype != v.dtype:
-                raise DTypeMismatchError(f"out #{i} has dtype {out.dtype}, expected {v.dtype}")
-            if out.device != device:
-                raise DeviceMismatchError(f"out #{i} is on {out.device}, expected {device}")
+            check_out_like(i, out, v, device)
             if out.shape[1:] != v.shape[1:] or not out.is_contiguous():
                 raise SchemaMismatchError(
                     f"out #{i} must be contiguous of shape [T, {', '.join(map(str, v.shape[1:]))}], "
@@ -254,11 +245,7 @@ def _check(
 def _check_bounds(values: Sequence[torch.Tensor], starts: torch.Tensor, lengths: torch.Tensor, index: torch.Tensor) -> None:
     if index.numel() == 0:
         return
-    n = starts.shape[0]
-    lo, hi = (int(x) for x in torch.aminmax(index))
-    if lo < 0 or hi >= n:
-        bad = lo if lo < 0 else hi
-        raise IndexOutOfRangeError(f"row index {bad} is out of range for {n} rows (expected 0 <= index < {n})")
+    check_index_range(index, starts.shape[0])
     s = starts.index_select(0, index)
     e = s + lengths.index_select(0, index)
     m = values[0].shape[0]

@@ -10,13 +10,18 @@ from typing import Sequence
 
 import torch
 
-from gpubuf.errors import DeviceMismatchError, DTypeMismatchError, IndexOutOfRangeError, SchemaMismatchError
+from gpubuf.errors import SchemaMismatchError
+from gpubuf.ops._checks import (
+    INDEX_DTYPES,
+    check_devices,
+    check_index_range,
+    check_out_count,
+    check_out_like,
+    check_sources,
+)
 from gpubuf.ops._dispatch import kernel_module, resolve_backend
 
 __all__ = ["gather_rows", "gather_rows_ref"]
-
-_INDEX_DTYPES = (torch.int64, torch.int32)
-
 
 def gather_rows_ref(
     sources: Sequence[torch.Tensor],
@@ -49,45 +54,22 @@ def gather_rows_ref(
 def _check(sources: Sequence[torch.Tensor], index: torch.Tensor, outs: Sequence[torch.Tensor] | None) -> None:
     if not sources:
         raise ValueError("gather_rows needs at least one source tensor")
-    if not isinstance(index, torch.Tensor) or index.ndim != 1 or index.dtype not in _INDEX_DTYPES:
+    if not isinstance(index, torch.Tensor) or index.ndim != 1 or index.dtype not in INDEX_DTYPES:
         raise TypeError(
             f"index must be a 1-D int64 or int32 tensor, got "
             f"{type(index).__name__ if not isinstance(index, torch.Tensor) else f'{index.dtype} of shape {list(index.shape)}'}"
         )
-    device = sources[0].device
-    rows = sources[0].shape[0] if sources[0].ndim else None
-    for i, src in enumerate(sources):
-        if src.ndim == 0:
-            raise SchemaMismatchError(f"source #{i} is a scalar; expected a tensor of shape [N, ...]")
-        if src.device != device:
-            raise DeviceMismatchError(f"source #{i} is on {src.device}, expected {device} like source #0")
-        if src.shape[0] != rows:
-            raise SchemaMismatchError(f"source #{i} has {src.shape[0]} rows, expected {rows} like source #0")
-    if index.device != device:
-        raise DeviceMismatchError(f"index is on {index.device}, expected the sources' device {device}")
+    device = check_sources(sources, "source", "N", "rows")
+    check_devices((("index", index),), device, "sources")
     if outs is not None:
-        if len(outs) != len(sources):
-            raise ValueError(f"got {len(outs)} outputs for {len(sources)} sources")
+        check_out_count(outs, sources, "sources")
         for i, (src, out) in enumerate(zip(sources, outs)):
             expected = torch.Size([index.shape[0], *src.shape[1:]])
             if out.shape != expected:
                 raise SchemaMismatchError(f"out #{i} has shape {list(out.shape)}, expected {list(expected)}")
-            if out.dtype != src.dtype:
-                raise DTypeMismatchError(f"out #{i} has dtype {out.dtype}, expected {src.dtype}")
-            if out.device != device:
-                raise DeviceMismatchError(f"out #{i} is on {out.device}, expected {device}")
+            check_out_like(i, out, src, device)
             if not out.is_contiguous():
                 raise ValueError(f"out #{i} must be contiguous")
-
-
-def _check_bounds(index: torch.Tensor, rows: int) -> None:
-    if index.numel() == 0:
-        return
-    lo, hi = torch.aminmax(index)
-    lo, hi = int(lo), int(hi)
-    if lo < 0 or hi >= rows:
-        bad = lo if lo < 0 else hi
-        raise IndexOutOfRangeError(f"row index {bad} is out of range for {rows} rows (expected 0 <= index < {rows})")
 
 
 def gather_rows(
@@ -118,7 +100,7 @@ def gather_rows(
     _check(sources, index, outs)
     which = resolve_backend(sources[0], backend)
     if check_bounds:
-        _check_bounds(index, sources[0].shape[0])
+        check_index_range(index, sources[0].shape[0])
     if which == "triton":
         return kernel_module("gather").gather_rows_triton(list(sources), index, None if outs is None else list(outs))
     return gather_rows_ref(sources, index, outs)

@@ -31,9 +31,7 @@ negative bit cannot be described by one address and stride; the launcher gathers
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 import threading
 from collections import OrderedDict
 from typing import Sequence
@@ -43,6 +41,7 @@ import triton
 import triton.language as tl
 
 from gpubuf_kernels._config import GATHER_ROWS
+from gpubuf_kernels._launch import check_launch_device, device_guard, unit_bytes
 
 __all__ = ["gather_rows_triton"]
 
@@ -141,14 +140,6 @@ _TABLE_CACHE_SIZE = 64
 _TABLE_CACHE_LOCK = threading.Lock()
 
 
-def _unit_bytes(row_bytes: int, src_addr: int, out_addr: int, src_stride_bytes: int) -> int:
-    """Widest unit (16, 8, 4, 2 or 1 bytes) dividing the row size, the source row stride and both addresses."""
-    for width in (16, 8, 4, 2):
-        if row_bytes % width == 0 and src_stride_bytes % width == 0 and src_addr % width == 0 and out_addr % width == 0:
-            return width
-    return 1
-
-
 def _rows_contiguous(t: torch.Tensor) -> bool:
     """True when every row ``t[i]`` is one dense block in memory (strides of dims 1.. are C order)."""
     expected = 1
@@ -181,10 +172,6 @@ def _is_pow2(x: int) -> bool:
     return isinstance(x, int) and x > 0 and x & (x - 1) == 0
 
 
-def _interpreter_enabled() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def _validate(sources: list[torch.Tensor], index: torch.Tensor, outs: list[torch.Tensor] | None) -> None:
     if not sources:
         raise ValueError("gather_rows_triton needs at least one source tensor")
@@ -201,10 +188,7 @@ def _validate(sources: list[torch.Tensor], index: torch.Tensor, outs: list[torch
         raise TypeError(f"index must be a 1-D int64 or int32 tensor, got {index.dtype} of shape {list(index.shape)}")
 
     device = sources[0].device
-    if device.type != "cuda" and not (device.type == "cpu" and _interpreter_enabled()):
-        raise ValueError(
-            f"gather_rows_triton runs on CUDA tensors (or CPU tensors with TRITON_INTERPRET=1), got {device}"
-        )
+    check_launch_device(device, "gather_rows_triton")
     rows = sources[0].shape[0]
     for i, src in enumerate(sources):
         if src.device != device:
@@ -297,7 +281,8 @@ def gather_rows_triton(
         # With one row only index 0 is ever read, so the row stride is free; 0 keeps it from
         # narrowing the unit.
         stride_bytes = src.stride(0) * src.element_size() if n_rows > 1 else 0
-        unit = _unit_bytes(row_bytes, src_addr, out_addr, stride_bytes)
+        # The widest unit dividing the row size, the source row stride and both addresses.
+        unit = unit_bytes(row_bytes, src_addr, out_addr, stride_bytes)
         elem = min(unit, 8)  # 16-byte units are moved as pairs of int64
         entries += [src_addr, out_addr, row_bytes // elem, stride_bytes // elem, unit, 0, 0, 0]
     if not entries:
@@ -315,8 +300,7 @@ def gather_rows_triton(
 
     # One launch for all sources; the loop only splits past the grid's 65535 sources on axis 1.
     table = _device_table(entries, device)
-    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-    with guard:
+    with device_guard(device):
         for first in range(0, table.shape[0], _MAX_SOURCES_PER_LAUNCH):
             part = table[first : first + _MAX_SOURCES_PER_LAUNCH]
             _gather_rows_kernel[(row_blocks, part.shape[0])](

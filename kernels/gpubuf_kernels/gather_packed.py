@@ -25,14 +25,14 @@ storage compacts all of its rows with this kernel); ``C`` is capped at 65535.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
 from typing import Sequence
 
 import torch
 import triton
 import triton.language as tl
+
+from gpubuf_kernels._launch import check_launch_device, device_guard, unit_bytes
 
 __all__ = ["gather_packed_triton", "GATHER_PACKED"]
 
@@ -117,26 +117,11 @@ def _gather_packed_kernel(
 # --------------------------------------------------------------------------------------------
 
 
-def _unit_bytes(token_bytes: int, src_addr: int, out_addr: int) -> int:
-    """Widest unit (16, 8, 4, 2 or 1 bytes) dividing the token size and both addresses."""
-    for width in (16, 8, 4, 2):
-        if token_bytes % width == 0 and src_addr % width == 0 and out_addr % width == 0:
-            return width
-    return 1
-
-
-def _interpreter_enabled() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def _validate(values, starts, lengths, index, offsets, outs, total) -> None:
     if not values:
         raise ValueError("gather_packed_triton needs at least one values tensor")
     device = values[0].device
-    if device.type != "cuda" and not (device.type == "cpu" and _interpreter_enabled()):
-        raise ValueError(
-            f"gather_packed_triton runs on CUDA tensors (or CPU tensors with TRITON_INTERPRET=1), got {device}"
-        )
+    check_launch_device(device, "gather_packed_triton")
     for i, v in enumerate(values):
         if not isinstance(v, torch.Tensor) or v.layout != torch.strided or v.ndim == 0:
             raise TypeError(f"values #{i} must be a strided tensor of shape [M, ...]")
@@ -216,7 +201,8 @@ def gather_packed_triton(
         if token_bytes == 0:
             continue  # nothing to move for a trailing dim of size 0
         src_addr, out_addr = v.data_ptr(), out.data_ptr()
-        unit = _unit_bytes(token_bytes, src_addr, out_addr)
+        # The widest unit dividing the token size and both addresses.
+        unit = unit_bytes(token_bytes, src_addr, out_addr)
         elem = min(unit, 8)  # 16-byte units move as int64 pairs
         entries += [src_addr, out_addr, token_bytes // elem, unit, 0, 0, 0, 0]
         max_token_bytes = max(max_token_bytes, token_bytes)
@@ -225,8 +211,7 @@ def gather_packed_triton(
     table = torch.tensor(entries, dtype=torch.int64).view(-1, _TABLE_COLS.value).to(device)
     chunks = max(1, min(triton.cdiv(max_length * max_token_bytes, block_bytes), _MAX_AXIS))
     index = index.contiguous()
-    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-    with guard:
+    with device_guard(device):
         for first in range(0, table.shape[0], _MAX_AXIS):
             part = table[first : first + _MAX_AXIS]
             _gather_packed_kernel[(batch, chunks, part.shape[0])](

@@ -13,7 +13,8 @@ import torch
 from gpubuf.ops.gather_rows import gather_rows, gather_rows_ref
 from gpubuf_kernels import gather as gather_mod
 from gpubuf_kernels._config import GATHER_ROWS
-from gpubuf_kernels.gather import _unit_bytes, gather_rows_triton
+from gpubuf_kernels._launch import unit_bytes
+from gpubuf_kernels.gather import gather_rows_triton
 
 BLOCK = GATHER_ROWS["BLOCK_ROWS"]
 
@@ -159,7 +160,7 @@ def test_row_byte_sizes(row_bytes, kernel_device, gen):
     ],
 )
 def test_unit_choice(row_bytes, src_addr, out_addr, stride, unit):
-    assert _unit_bytes(row_bytes, src_addr, out_addr, stride) == unit
+    assert unit_bytes(row_bytes, src_addr, out_addr, stride) == unit
 
 
 @pytest.mark.parametrize("offset", [1, 2, 3, 4, 8])

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from gpubuf.ops.gather_packed import gather_packed, gather_packed_ref
-from gpubuf_kernels.gather_packed import GATHER_PACKED, _unit_bytes, gather_packed_triton
+from gpubuf_kernels._launch import unit_bytes
+from gpubuf_kernels.gather_packed import GATHER_PACKED, gather_packed_triton
 
 POISON = 0xAB
 
@@ -92,7 +93,7 @@ def test_empty_rows_and_unaligned_sources(kernel_device):
     # A view that starts 4 bytes into its storage narrows the 8-byte tokens' unit to 4 bytes.
     flat = torch.cat([torch.zeros(1, device=kernel_device), values[0].reshape(-1)])
     shifted = [flat[1:].view(-1, 2)]
-    assert _unit_bytes(8, shifted[0].data_ptr(), 0) == 4
+    assert unit_bytes(8, shifted[0].data_ptr(), 0) == 4
     _check(shifted, starts, lengths, torch.tensor([0, 3, 1], device=kernel_device))
 
 
