@@ -101,7 +101,12 @@ def check_scratch_dir(path: str) -> None:
         raise ScratchDirError(errno.EACCES, f"scratch_dir {path!r} {what}", path)
 
 
-def _ram_available() -> int:
+def ram_available() -> int | None:
+    """The host's available memory in bytes (``MemAvailable`` of ``/proc/meminfo``).
+
+    Returns:
+        The bytes, or None where ``/proc/meminfo`` cannot be read or has no such line.
+    """
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -109,7 +114,7 @@ def _ram_available() -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 0
+    return None
 
 
 def temp_base(nbytes: int) -> str:
@@ -124,7 +129,7 @@ def temp_base(nbytes: int) -> str:
     try:
         if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK):
             st = os.statvfs(shm)
-            if nbytes <= st.f_bavail * st.f_frsize and nbytes <= _ram_available() // 2:
+            if nbytes <= st.f_bavail * st.f_frsize and nbytes <= (ram_available() or 0) // 2:
                 return shm
     except OSError:
         pass

@@ -26,6 +26,7 @@ import torch
 from gpubuf.errors import DeviceMismatchError, EmptyBufferError, IndexOutOfRangeError
 from gpubuf.ops.gather_rows import gather_rows_trusted
 from gpubuf.storages._layout import Layout
+from gpubuf.storages._memmap_files import ram_available
 from gpubuf.storages.base import Storage, check_max_size
 from gpubuf.storages.memmap import LazyMemmapStorage
 from gpubuf.storages.tensor import _is_int, _leading_size, _stack_items
@@ -41,13 +42,9 @@ def _free_bytes(device: torch.device) -> int:
     """Free memory of ``device``: CUDA's free memory, or the host's available memory."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    available = ram_available()
+    if available is not None:
+        return available
     return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
