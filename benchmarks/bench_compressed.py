@@ -122,15 +122,13 @@ def make_providers(n: int, device: torch.device, which: list[str]):
     from gpubuf.storages.frame_stack import FrameStackStorage
 
     providers = {}
-    if "torchrl-compressed" in which:
+    if "torchrl-compressed" in which or "torchrl-lazy" in which:
         import torchrl.data as trl
-
+    if "torchrl-compressed" in which:
         providers["torchrl.CompressedListStorage"] = lambda: trl.ReplayBuffer(
             storage=trl.CompressedListStorage(n, compression_level=3), batch_size=256
         )
     if "torchrl-lazy" in which:
-        import torchrl.data as trl
-
         providers["torchrl.LazyTensorStorage"] = lambda: trl.ReplayBuffer(
             storage=trl.LazyTensorStorage(n, device=device), batch_size=256
         )
@@ -316,7 +314,6 @@ def main(argv: list[str] | None = None) -> dict:
     result["sizes"] = sizes
 
     # Samples, interleaved.
-    gen = torch.Generator().manual_seed(0)
     for B in (256, 4096):
         per = {name: [] for name in rbs}
         for _ in range(args.repeats):

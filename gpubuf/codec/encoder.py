@@ -233,7 +233,7 @@ def _write_coded(data, x, ref, modes, line_runs, size, use_res, cand, coded, sta
     res_c = res_full.view(n, L).index_select(0, rows_c)
     rank = torch.cumsum(is_runs, 1) - 1
     pos = (row_start[:, None] + MB + rank)[is_runs]
-    count = ((runs_c - 1) | (res_c.to(torch.int64) << 7))[is_runs]
+    count = ((runs_c - 1) | (res_c.to(torch.int64) * RESIDUAL_BIT))[is_runs]
     data[pos] = count.to(torch.uint8)
 
     # Line payloads: offsets within the row after the counts.

@@ -50,12 +50,15 @@ below ``W``. There is no padding anywhere, and ``W`` may be any size.
 **Row table.** Beside the bytes, a storage keeps per row: the offset of its bytes in a flat
 ``uint8`` arena (int64), its length (int32), its reference row (int32, -1 for none) and a
 checksum (int32): Adler-32 of the row's bytes followed by the 4 little-endian bytes of the
-reference row number (so a row cannot silently be pointed at another reference). Every read
-checks, for every row it decodes and every reference row it uses: offset and length inside the
-arena, the length the header implies equals the stored length, the checksum, the line modes
-allowed where they appear, run starts strictly increasing inside the line, and reference rows
-without references.
-Any failure raises :class:`~gpubuf.codec.errors.CorruptRowError`.
+reference row number (so a row cannot silently be pointed at another reference).
+
+**What a read verifies**, for every row it decodes and every reference row it uses: offset and
+length inside the arena; the length the header implies equals the stored length (truncation);
+the line modes allowed where they appear; run starts strictly increasing inside the line; the
+reference row in range and without references of its own; and, with ``verify`` (the default),
+the checksum. Any failure raises :class:`~gpubuf.codec.errors.CorruptRowError` and nothing is
+returned. Not covered: a row's identity. A table entry copied whole from another row (offset,
+length and checksum together) reads as that other row.
 """
 
 from __future__ import annotations

@@ -215,8 +215,3 @@ def _whole_stack_matches(full, pairs, parent, open_, ids, first_row) -> None:
         k = torch.arange(count, device=device)
         parent[rows[:, None], j, k] = ids[rows[:, None] + row_shift, jj, k + shift]
         open_[rows[:, None], j, k] = False
-
-
-def _slot_order(pairs: list[int | None]) -> list[int]:
-    """Base leaves first, then next leaves (the order candidates refer back in)."""
-    return [j for j, p in enumerate(pairs) if p is None] + [j for j, p in enumerate(pairs) if p is not None]

@@ -14,7 +14,7 @@ import torch
 
 from gpubuf.codec.checksum import adler32_ranges, adler32_ranges_host, as_uint32
 from gpubuf.codec.errors import CorruptRowError
-from gpubuf.codec.format import MODE_RAW, MODE_REF, MODE_RUNS, MODE_UP, RESIDUAL_BIT, RowGeometry
+from gpubuf.codec.format import MODE_RAW, MODE_REF, MODE_RUNS, MODE_UP, RESIDUAL_BIT, RUN_BLOCK, RowGeometry
 from gpubuf.errors import DeviceMismatchError, IndexOutOfRangeError
 from gpubuf.ops._dispatch import kernel_module, resolve_backend
 
@@ -139,7 +139,7 @@ def decode_rows_ref(
         out = empty_output(B, g, device)
     if B == 0 or g.raw_bytes == 0:
         return out
-    P, P0, H, W, L, MB = g.planes, g.image_planes, g.height, g.width, g.lines, g.mode_bytes
+    P0, H, W, L, MB = g.image_planes, g.height, g.width, g.lines, g.mode_bytes
     arena = table.arena
     arena_size = arena.numel()
     last = max(arena_size - 1, 0)
@@ -247,27 +247,37 @@ def decode_rows_ref(
     if runs_sel.numel():
         n = runs.index_select(0, runs_sel)
         total = int(n.sum())
+        # Per-run positions are int32 when every index fits (half the memory traffic of int64).
+        small = arena_size < 2**31 and C * W < 2**31 and total < 2**31
+        idx = torch.int32 if small else i64
         first = torch.cumsum(n, 0) - n
-        j = torch.repeat_interleave(torch.arange(n.numel(), device=device), n, output_size=total)
-        rank = torch.arange(total, device=device) - first.index_select(0, j)
-        at = line_off.index_select(0, runs_sel).index_select(0, j) + rank
-        later = rank > 0
-        low = arena.index_select(0, (at - 1).clamp_(0, last)).to(i64).masked_fill_(~later, 0)
-        values = arena.index_select(0, (at + n.index_select(0, j) - 1).clamp_(max=last))
-        # Start = 256 * (zero low bytes among runs 1..k of the line) + low byte.
-        zero = (low == 0) & later
-        zeros_seen = torch.cumsum(zero, 0)
-        start = (zeros_seen - zeros_seen.index_select(0, first).index_select(0, j)) * 256 + low
-        prev = torch.cat([start.new_zeros(1), start[:-1]])
-        bad_run = (start >= W) | (later & (start <= prev))
+        line_of_run = torch.repeat_interleave(
+            torch.arange(n.numel(), device=device, dtype=idx), n.to(idx), output_size=total
+        )
+        ramp = torch.arange(total, device=device, dtype=idx)
+        at0 = line_off.index_select(0, runs_sel) - first  # arena position of start byte k is at0 + k - 1
+        value_at = (at0 + n - 1).to(idx).index_select(0, line_of_run) + ramp
+        start_at = (at0 - 1).to(idx).index_select(0, line_of_run) + ramp
+        later = ramp != first.to(idx).index_select(0, line_of_run)  # runs 1..n-1 of each line
+        values = arena.index_select(0, value_at.clamp_(max=last))
+        low = arena.index_select(0, start_at.clamp_(0, last)).to(idx).mul_(later)
+        if W > RUN_BLOCK:
+            # Start = 256 * (zero low bytes among runs 1..k of the line) + low byte.
+            zeros_seen = torch.cumsum((low == 0) & later, 0, dtype=idx)
+            start = (zeros_seen - zeros_seen.index_select(0, first.to(idx).index_select(0, line_of_run))) * 256 + low
+        else:
+            start = low  # a zero low byte past run 0 is invalid here: caught as not increasing
+        bad_run = (start >= W) | (later & (start == 0))
+        bad_run[1:] |= later[1:] & (start[1:] <= start[:-1])
         if bool(bad_run.any()):
-            bad_t = crow.index_select(0, runs_sel.index_select(0, j[bad_run]))
+            bad_t = crow.index_select(0, runs_sel.index_select(0, line_of_run[bad_run].to(i64)))
             status[bad_t] |= BAD_RUNS
         else:
             # The value change at each run start, spread along the pool by a running sum mod 256.
             step = values.clone()
             step[1:] -= values[:-1]
-            pool.index_put_((runs_sel.index_select(0, j) * W + start,), step)
+            pos = (runs_sel * W).to(idx).index_select(0, line_of_run) + start
+            pool.index_put_((pos,), step)
             pool = torch.cumsum(pool, 0, dtype=torch.uint8)
     pool = pool.view(C, W)
     if raw_sel.numel():
@@ -302,7 +312,8 @@ def decode_rows_ref(
     # residual, so the order does not matter, and output lines then need a single gather.
     res_c = resid.nonzero().squeeze(1)
     if res_c.numel():
-        pool.index_add_(0, res_c, pool.index_select(0, base_of(crow.index_select(0, res_c), cl.index_select(0, res_c) % L)))
+        bases = base_of(crow.index_select(0, res_c), cl.index_select(0, res_c) % L)
+        pool.index_copy_(0, res_c, pool.index_select(0, res_c) + pool.index_select(0, bases))
     ref_lines = (own < 0).view(-1).nonzero().squeeze(1)
     base = own.view(-1).clone()
     if ref_lines.numel():

@@ -29,10 +29,9 @@ from gpubuf.errors import (
     EmptyBufferError,
     IndexOutOfRangeError,
     SchemaMismatchError,
-    UnsupportedDataError,
 )
-from gpubuf.ops.decode_rows import decode_rows, empty_output
-from gpubuf.storages._layout import Layout, is_tensor_collection
+from gpubuf.ops.decode_rows import decode_rows
+from gpubuf.storages._layout import Layout
 from gpubuf.storages.base import Storage, check_max_size
 from gpubuf.storages.tensor import _as_device, _is_int, _leading_size, _stack_items
 

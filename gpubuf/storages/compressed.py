@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 from copy import deepcopy
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch

@@ -131,7 +131,9 @@ class FrameStackStorage(EncodedStorageBase):
         self._frames = RowStore(self._frame_geometry, capacity, device, with_refs=True)
         self._age = torch.zeros(capacity, dtype=torch.int32, device=device)
         self._n_frames = 0
-        self._refs = torch.full((J, self.max_size, S), -1, dtype=torch.int64, device=device)
+        # Frame numbers of every stacked slot of every row (-1: not written), int32 to keep
+        # references at 4 bytes each.
+        self._refs = torch.full((J, self.max_size, S), -1, dtype=torch.int32, device=device)
         self._tail = None
 
     # ------------------------------------------------------------------ liveness and renumbering
@@ -139,9 +141,9 @@ class FrameStackStorage(EncodedStorageBase):
         """bool ``[frame slots]``: frames referenced by a stored row, the tail or ``extra``, and their keys."""
         live = torch.zeros(self._frames.rows, dtype=torch.bool, device=self._refs.device)
         ids = self._refs.view(-1)
-        live[ids[ids >= 0]] = True
+        live[ids[ids >= 0].to(torch.int64)] = True
         if self._tail is not None:
-            live[self._tail[1].view(-1)] = True
+            live[self._tail[1].view(-1).to(torch.int64)] = True
         if extra is not None and extra.numel():
             live[extra] = True
         keys = self._frames.refs.to(torch.int64)
@@ -163,10 +165,10 @@ class FrameStackStorage(EncodedStorageBase):
         age = torch.zeros(capacity, dtype=torch.int32, device=device)
         age[:k] = self._age.index_select(0, kept)
         self._age = age
-        self._refs = torch.where(self._refs >= 0, new_of_old[self._refs.clamp_min(0)], -1)
+        self._refs = torch.where(self._refs >= 0, new_of_old[self._refs.clamp_min(0).to(torch.int64)], -1).to(torch.int32)
         if self._tail is not None:
             slot, ids, frames = self._tail
-            self._tail = (slot, new_of_old[ids], frames)
+            self._tail = (slot, new_of_old[ids.to(torch.int64)].to(torch.int32), frames)
         self._n_frames = k
 
     # ------------------------------------------------------------------ writing
@@ -197,7 +199,7 @@ class FrameStackStorage(EncodedStorageBase):
         first_id = self._n_frames
         fid = torch.full((slots,), -1, dtype=torch.int64, device=device)
         if tail is not None:
-            fid[: J * S] = tail[1].view(-1)
+            fid[: J * S] = tail[1].view(-1).to(torch.int64)
         fid[new_slots] = first_id + torch.arange(m, device=device)
         fid = fid.index_select(0, roots)
 
@@ -215,9 +217,11 @@ class FrameStackStorage(EncodedStorageBase):
             self._encode_new(new_bytes, keys, first_id, m, fid)
             self._age[first_id : first_id + m] = ages
             self._n_frames = first_id + m
-        self._refs[:, ids] = fid.view(n + 1, J, S)[1:].permute(1, 0, 2)
+        self._refs[:, ids] = fid.view(n + 1, J, S)[1:].permute(1, 0, 2).to(torch.int32)
         last = n - 1
-        self._tail = (int(ids[last]), fid.view(n + 1, J, S)[n].clone(), torch.stack([x[last] for x in stacks]).clone())
+        self._tail = (
+            int(ids[last]), fid.view(n + 1, J, S)[n].to(torch.int32), torch.stack([x[last] for x in stacks]).clone()
+        )
 
     def _assign_keys(self, fid: torch.Tensor, new_slots: torch.Tensor, first_id: int, m: int):
         """Key frame and age of each new frame (a short host loop over the new frames of the batch)."""
@@ -307,7 +311,7 @@ class FrameStackStorage(EncodedStorageBase):
         self._age = torch.zeros(self._frames.rows, dtype=torch.int32, device=self._refs.device)
         self._age[:n] = state["age"].to(self._age.device)
         self._n_frames = n
-        self._refs = state["refs"].to(self._refs.device).clone()
+        self._refs = state["refs"].to(self._refs.device, torch.int32).clone()
         self._tail = None
 
     # ------------------------------------------------------------------ sizes

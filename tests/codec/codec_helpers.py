@@ -12,7 +12,6 @@ from gpubuf.ops.decode_rows import RowTable
 
 def make_table(rows: torch.Tensor, *, keys: torch.Tensor | None = None, intra_keys: bool = True) -> RowTable:
     """Encodes ``[n, *shape]`` rows into a :class:`RowTable`; ``keys[k]`` (< k or -1) is row k's reference row."""
-    n = rows.shape[0]
     g = RowGeometry.of(rows.dtype, rows.shape[1:])
     planes = g.to_planes(rows)
     if keys is None:

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "atari_small.npz"
