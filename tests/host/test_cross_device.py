@@ -20,14 +20,12 @@ import gpubuf.staging as staging
 from gpubuf import LazyTensorStorage, ReplayBuffer, TensorDictReplayBuffer
 from gpubuf.errors import DeviceMismatchError
 from gpubuf.staging import ALIGN, CrossDeviceGather, PackPlan, PinnedRing, gather_packed_host, transfer_kind
+from helpers import DTYPES as GATHER_DTYPES
 
 HAS_CUDA = torch.cuda.is_available()
 CPU = torch.device("cpu")
 
-DTYPES = [
-    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
-    torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.complex64,
-]
+DTYPES = [*GATHER_DTYPES, torch.complex64]
 # Odd per-row shapes: scalars, 1-byte rows, primes, an empty trailing dim.
 TRAILS = [(), (1,), (3,), (5, 7), (2, 3, 4), (0,), (13,)]
 

@@ -37,6 +37,7 @@ from gpubuf.storages.memmap import (
     StorageExistsError,
     StorageMismatchError,
 )
+from helpers import TED_ROW_BYTES, ted_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -45,30 +46,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 class MyClass:
     foo: torch.Tensor
     bar: torch.Tensor
-
-
-def ted_rows(n: int, start: int = 0) -> TensorDict:
-    """``n`` transitions of 292 bytes each; every field encodes the row's id ``start + i``."""
-    ids = torch.arange(start, start + n)
-    f = ids.to(torch.float32)[:, None]
-    return TensorDict(
-        {
-            "observation": f.expand(n, 32).clone(),
-            "action": f.expand(n, 7).clone(),
-            "done": (ids % 2 == 0)[:, None],
-            "next": {
-                "observation": (f + 1).expand(n, 32).clone(),
-                "reward": f.clone(),
-                "done": (ids % 3 == 0)[:, None],
-                "terminated": (ids % 5 == 0)[:, None],
-                "truncated": (ids % 7 == 0)[:, None],
-            },
-        },
-        batch_size=[n],
-    )
-
-
-TED_ROW_BYTES = 292
 
 
 def _files_under(root: str) -> list[str]:
@@ -411,8 +388,11 @@ def test_scratch_dir_not_writable(tmp_path):
             assert _try_read_only_dir(str(locked)).startswith("ScratchDirError")
         else:
             # root writes anywhere: check as an unprivileged user, in a child process.
+            # The child imports this module, so it needs this folder and tests/ (for helpers) on its path.
+            here = os.path.dirname(os.path.abspath(__file__))
             code = (
-                f"import os, sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.dirname(__file__)!r}); "
+                f"import os, sys; sys.path.insert(0, {ROOT!r}); sys.path.insert(0, {os.path.dirname(here)!r}); "
+                f"sys.path.insert(0, {here!r}); "
                 f"import test_memmap as t; os.setgid(65534); os.setuid(65534); "
                 f"print(t._try_read_only_dir({str(locked)!r}))"
             )

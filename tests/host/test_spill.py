@@ -20,29 +20,9 @@ from gpubuf.samplers.prioritized import PrioritizedSampler
 from gpubuf.storages import _memmap_files
 from gpubuf.storages.memmap import DiskFullError
 from gpubuf.storages.spill import SpillStorage
+from helpers import TED_ROW_BYTES, ted_rows
 
-ROW = 292  # bytes of one ted_rows row
-
-
-def ted_rows(n: int, start: int = 0) -> TensorDict:
-    """``n`` transitions of 292 bytes; every field encodes the row's id ``start + i``."""
-    ids = torch.arange(start, start + n)
-    f = ids.to(torch.float32)[:, None]
-    return TensorDict(
-        {
-            "observation": f.expand(n, 32).clone(),
-            "action": f.expand(n, 7).clone(),
-            "done": (ids % 2 == 0)[:, None],
-            "next": {
-                "observation": (f + 1).expand(n, 32).clone(),
-                "reward": f.clone(),
-                "done": (ids % 3 == 0)[:, None],
-                "terminated": (ids % 5 == 0)[:, None],
-                "truncated": (ids % 7 == 0)[:, None],
-            },
-        },
-        batch_size=[n],
-    )
+ROW = TED_ROW_BYTES  # bytes of one ted_rows row
 
 
 def ids_of(td: TensorDict) -> torch.Tensor:

@@ -15,21 +15,10 @@ from gpubuf_kernels import gather as gather_mod
 from gpubuf_kernels._config import GATHER_ROWS
 from gpubuf_kernels._launch import unit_bytes
 from gpubuf_kernels.gather import gather_rows_triton
+from helpers import DTYPES
 
 BLOCK = GATHER_ROWS["BLOCK_ROWS"]
 
-DTYPES = [
-    torch.bool,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-]
 # Row byte sizes across these and the dtypes above hit every unit: 1, 2, 4, 8 and 16 bytes.
 TRAILS = [(), (1,), (3,), (5, 7), (33,), (2, 4)]
 

@@ -13,19 +13,7 @@ from gpubuf.errors import (
     SchemaMismatchError,
 )
 from gpubuf.ops.gather_rows import gather_rows, gather_rows_ref
-
-DTYPES = [
-    torch.bool,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-]
+from helpers import DTYPES
 
 
 def _brute_force(sources, index):
