@@ -70,6 +70,18 @@ def _siblings(path: Path) -> list[str]:
     return sorted(p.name for p in path.parent.iterdir() if p.name != path.name)
 
 
+def _dump_once_killed_at(ctx, path: Path, kind: str, version: int, use_exchange: bool, event: int) -> int | None:
+    """Runs a child that dumps version ``version + 1`` of ``kind`` to ``path`` and kills itself
+    right before its I/O step ``event``; returns its exit code (0 when the dump completed first)."""
+    reader, writer = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=crash_child.run, args=(str(path), kind, version, use_exchange, event, writer, 1))
+    child.start()
+    writer.close()
+    child.join(60)
+    reader.close()
+    return child.exitcode
+
+
 def test_sigkill_at_random_moments(tmp_path, ctx):
     rng = random.Random(20240601)
     versions = {"tensor": 0, "list": 0}
@@ -133,15 +145,10 @@ def test_sigkill_before_every_io_step(tmp_path, ctx, use_exchange):
     crash_child.build("tensor", 1).dumps(path)
     version = 1
     for event in range(200):
-        reader, writer = ctx.Pipe(duplex=False)
-        child = ctx.Process(target=crash_child.run, args=(str(path), "tensor", version, use_exchange, event, writer, 1))
-        child.start()
-        writer.close()
-        child.join(60)
-        reader.close()
-        if child.exitcode == 0:
+        exitcode = _dump_once_killed_at(ctx, path, "tensor", version, use_exchange, event)
+        if exitcode == 0:
             break
-        assert child.exitcode == -signal.SIGKILL
+        assert exitcode == -signal.SIGKILL
         version = _check(path, "tensor", {version, version + 1})
     else:
         pytest.fail("the dump never completed")
@@ -157,15 +164,10 @@ def test_sigkill_before_every_io_step_of_an_in_place_dump(tmp_path, ctx):
     crash_child.build("memmap", 1, str(path / "storage")).dumps(path)
     version = 1
     for event in range(200):
-        reader, writer = ctx.Pipe(duplex=False)
-        child = ctx.Process(target=crash_child.run, args=(str(path), "memmap", version, True, event, writer, 1))
-        child.start()
-        writer.close()
-        child.join(60)
-        reader.close()
-        if child.exitcode == 0:
+        exitcode = _dump_once_killed_at(ctx, path, "memmap", version, True, event)
+        if exitcode == 0:
             break
-        assert child.exitcode == -signal.SIGKILL
+        assert exitcode == -signal.SIGKILL
         fresh = crash_child.make("tensor")
         fresh.loads(path)
         loaded = crash_child.version_of(fresh)
