@@ -32,6 +32,9 @@ from gpubuf.samplers import (
 )
 from gpubuf.data import RewardData
 from gpubuf.storages import (
+    CompressedListStorage,
+    CompressedTensorStorage,
+    FrameStackStorage,
     LazyMemmapStorage,
     LazyStackStorage,
     LazyTensorStorage,
@@ -68,6 +71,9 @@ __all__ = [
     "LazyStackStorage",
     "PackedStorage",
     "StorageEnsemble",
+    "CompressedListStorage",
+    "CompressedTensorStorage",
+    "FrameStackStorage",
     "ReplayBufferEnsemble",
     "SamplerEnsemble",
     "TensorDictMaxValueWriter",

@@ -3,7 +3,10 @@
 from gpubuf.storages.base import Storage
 from gpubuf.storages.list import ListStorage
 from gpubuf.storages.memmap import LazyMemmapStorage
+from gpubuf.storages.codec_storage import CompressedTensorStorage
+from gpubuf.storages.compressed import CompressedListStorage
 from gpubuf.storages.ensemble import StorageEnsemble
+from gpubuf.storages.frame_stack import FrameStackStorage
 from gpubuf.storages.packed import PackedStorage
 from gpubuf.storages.spill import SpillStorage
 from gpubuf.storages.stack import LazyStackStorage
@@ -19,4 +22,7 @@ __all__ = [
     "LazyStackStorage",
     "PackedStorage",
     "StorageEnsemble",
+    "CompressedListStorage",
+    "CompressedTensorStorage",
+    "FrameStackStorage",
 ]
