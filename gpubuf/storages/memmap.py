@@ -617,28 +617,13 @@ class LazyMemmapStorage(LazyTensorStorage):
             rows = rows % cap0
         leaves[pos] = rows.view(n, *([1] * len(spec.shape))).expand(n, *spec.shape)
 
-    def _copy_rows(self, first: int, skip: int, count: int, leaves: list[torch.Tensor]) -> None:
-        cap0 = self._capacity_along_dim0
-        head = min(count, cap0 - first)
-        for store, leaf in zip(self._leaves, leaves):
-            store[first : first + head].copy_(leaf[skip : skip + head])
-            if head < count:
-                store[: count - head].copy_(leaf[skip + head :])
-
     def _write_rows(self, start: int, data: Any) -> int:
         """Writes a batch at dim-0 rows ``start, start+1, ...`` (wrapping); the length grows.
 
         The shared cursor is not moved: this is the path of writers that keep their own.
         """
         self._check_usable()
-        n = _leading_size(data)
-        layout, leaves, needs_init = self._prepare(data, [n])
-        if needs_init:
-            self._init_from(layout, leaves)
-        cap0 = self._capacity_along_dim0
-        skip = max(n - cap0, 0)
-        count = n - skip
-        first = (start + skip) % cap0
+        n, leaves, first, skip, count = self._batch_rows(start, data)
         state = self._state
         with state.lock:
             self._ensure_allocated(self._row_ranges(first, count))

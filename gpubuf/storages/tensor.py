@@ -260,21 +260,37 @@ class TensorStorage(Storage):
         Returns:
             The number of rows (along dim 0) of the batch.
         """
+        n, leaves, first, skip, count = self._batch_rows(start, data)
+        self._copy_rows(first, skip, count, leaves)
+        self._len = min(self._len + n * self._rest_numel, self.max_size)
+        return n
+
+    def _batch_rows(self, start: int, data: Any) -> tuple[int, list[torch.Tensor], int, int, int]:
+        """Prepares a batch for :meth:`_write_rows` at dim-0 rows ``start, start+1, ...``.
+
+        The first batch initialises the storage. Only the last ``capacity`` rows of a longer
+        batch are kept.
+
+        Returns:
+            ``(n, leaves, first, skip, count)``: the batch's rows along dim 0, its leaves, the
+            storage row the kept rows start at, the batch rows skipped and the rows kept.
+        """
         n = _leading_size(data)
         layout, leaves, needs_init = self._prepare(data, [n])
         if needs_init:
             self._init_from(layout, leaves)
         cap0 = self._capacity_along_dim0
         skip = max(n - cap0, 0)
-        first = (start + skip) % cap0
-        count = n - skip
+        return n, leaves, (start + skip) % cap0, skip, n - skip
+
+    def _copy_rows(self, first: int, skip: int, count: int, leaves: list[torch.Tensor]) -> None:
+        """Copies ``count`` batch rows from ``skip`` on into storage rows ``first, ...``, wrapping once."""
+        cap0 = self._capacity_along_dim0
         head = min(count, cap0 - first)
         for store, leaf in zip(self._leaves, leaves):
             store[first : first + head].copy_(leaf[skip : skip + head])
             if head < count:
                 store[: count - head].copy_(leaf[skip + head :])
-        self._len = min(self._len + n * self._rest_numel, self.max_size)
-        return n
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         """Writes ``data`` at ``cursor``.
