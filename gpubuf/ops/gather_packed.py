@@ -17,14 +17,7 @@ import numpy as np
 import torch
 
 from gpubuf.errors import IndexOutOfRangeError, SchemaMismatchError
-from gpubuf.ops._checks import (
-    INDEX_DTYPES,
-    check_devices,
-    check_index_range,
-    check_out_count,
-    check_out_like,
-    check_sources,
-)
+from gpubuf.ops import _checks
 from gpubuf.ops._dispatch import kernel_module, resolve_backend
 
 __all__ = ["gather_packed", "gather_packed_ref", "gather_packed_trusted", "packed_offsets"]
@@ -222,19 +215,19 @@ def _check(
 ) -> None:
     if not values:
         raise ValueError("gather_packed needs at least one values tensor")
-    if not isinstance(index, torch.Tensor) or index.ndim != 1 or index.dtype not in INDEX_DTYPES:
+    if not isinstance(index, torch.Tensor) or index.ndim != 1 or index.dtype not in _checks.INDEX_DTYPES:
         raise TypeError("index must be a 1-D int64 or int32 tensor")
     for name, t in (("starts", starts), ("lengths", lengths)):
         if not isinstance(t, torch.Tensor) or t.ndim != 1 or t.dtype != torch.int64:
             raise TypeError(f"{name} must be a 1-D int64 tensor")
     if starts.shape != lengths.shape:
         raise SchemaMismatchError(f"starts has shape {list(starts.shape)} but lengths {list(lengths.shape)}")
-    device = check_sources(values, "values", "M", "tokens")
-    check_devices((("starts", starts), ("lengths", lengths), ("index", index)), device, "values")
+    device = _checks.check_sources(values, "values", "M", "tokens")
+    _checks.check_devices((("starts", starts), ("lengths", lengths), ("index", index)), device, "values")
     if outs is not None:
-        check_out_count(outs, values, "values tensors")
+        _checks.check_out_count(outs, values, "values tensors")
         for i, (v, out) in enumerate(zip(values, outs)):
-            check_out_like(i, out, v, device)
+            _checks.check_out_like(i, out, v, device)
             if out.shape[1:] != v.shape[1:] or not out.is_contiguous():
                 raise SchemaMismatchError(
                     f"out #{i} must be contiguous of shape [T, {', '.join(map(str, v.shape[1:]))}], "
@@ -245,7 +238,7 @@ def _check(
 def _check_bounds(values: Sequence[torch.Tensor], starts: torch.Tensor, lengths: torch.Tensor, index: torch.Tensor) -> None:
     if index.numel() == 0:
         return
-    check_index_range(index, starts.shape[0])
+    _checks.check_index_range(index, starts.shape[0])
     s = starts.index_select(0, index)
     e = s + lengths.index_select(0, index)
     m = values[0].shape[0]

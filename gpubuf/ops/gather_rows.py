@@ -11,14 +11,7 @@ from typing import Sequence
 import torch
 
 from gpubuf.errors import SchemaMismatchError
-from gpubuf.ops._checks import (
-    INDEX_DTYPES,
-    check_devices,
-    check_index_range,
-    check_out_count,
-    check_out_like,
-    check_sources,
-)
+from gpubuf.ops import _checks
 from gpubuf.ops._dispatch import kernel_module, resolve_backend
 
 __all__ = ["gather_rows", "gather_rows_ref"]
@@ -54,20 +47,20 @@ def gather_rows_ref(
 def _check(sources: Sequence[torch.Tensor], index: torch.Tensor, outs: Sequence[torch.Tensor] | None) -> None:
     if not sources:
         raise ValueError("gather_rows needs at least one source tensor")
-    if not isinstance(index, torch.Tensor) or index.ndim != 1 or index.dtype not in INDEX_DTYPES:
+    if not isinstance(index, torch.Tensor) or index.ndim != 1 or index.dtype not in _checks.INDEX_DTYPES:
         raise TypeError(
             f"index must be a 1-D int64 or int32 tensor, got "
             f"{type(index).__name__ if not isinstance(index, torch.Tensor) else f'{index.dtype} of shape {list(index.shape)}'}"
         )
-    device = check_sources(sources, "source", "N", "rows")
-    check_devices((("index", index),), device, "sources")
+    device = _checks.check_sources(sources, "source", "N", "rows")
+    _checks.check_devices((("index", index),), device, "sources")
     if outs is not None:
-        check_out_count(outs, sources, "sources")
+        _checks.check_out_count(outs, sources, "sources")
         for i, (src, out) in enumerate(zip(sources, outs)):
             expected = torch.Size([index.shape[0], *src.shape[1:]])
             if out.shape != expected:
                 raise SchemaMismatchError(f"out #{i} has shape {list(out.shape)}, expected {list(expected)}")
-            check_out_like(i, out, src, device)
+            _checks.check_out_like(i, out, src, device)
             if not out.is_contiguous():
                 raise ValueError(f"out #{i} must be contiguous")
 
@@ -100,7 +93,7 @@ def gather_rows(
     _check(sources, index, outs)
     which = resolve_backend(sources[0], backend)
     if check_bounds:
-        check_index_range(index, sources[0].shape[0])
+        _checks.check_index_range(index, sources[0].shape[0])
     if which == "triton":
         return kernel_module("gather").gather_rows_triton(list(sources), index, None if outs is None else list(outs))
     return gather_rows_ref(sources, index, outs)
