@@ -172,13 +172,7 @@ class StateDictCodec(Codec):
     name = "state_dict"
 
     def to_checkpoint(self, component: Any, context: Context) -> tuple[dict, dict]:
-        arrays: dict[str, torch.Tensor] = {}
-
-        def add(tensor: torch.Tensor) -> str:
-            name = f"s{len(arrays)}"
-            arrays[name] = tensor
-            return name
-
+        encoder, arrays = Encoder.collecting("s")
         try:
             raw = component.state_dict()
         except NotImplementedError:
@@ -186,7 +180,7 @@ class StateDictCodec(Codec):
                 f"{type(component).__qualname__} has neither a registered checkpoint codec nor a state_dict(): it cannot "
                 "be checkpointed yet (see gpubuf.checkpoint.register_codec)"
             ) from None
-        state = Encoder(add).encode(raw, f"{type(component).__name__}.state_dict()")
+        state = encoder.encode(raw, f"{type(component).__name__}.state_dict()")
         return {"class": _key(type(component)), "state": state}, arrays
 
     def from_checkpoint(self, component: Any, state: dict, arrays: Mapping[str, Any], context: Context) -> Apply:

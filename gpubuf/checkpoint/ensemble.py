@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import torch
-
 from gpubuf.checkpoint.base import StorageCheckpointerBase, storage_codec
 from gpubuf.checkpoint.codecs import Apply, Context, _array, register_codec
 from gpubuf.checkpoint.errors import CheckpointMismatchError
@@ -40,16 +38,10 @@ class StorageEnsembleCheckpointer(StorageCheckpointerBase):
                                   "state": state})
             arrays.update({f"m{i}/{name}": value for name, value in member_arrays.items()})
         transforms = []
-        tarrays: dict[str, torch.Tensor] = {}
-
-        def add(tensor: torch.Tensor) -> str:
-            name = f"x{len(tarrays)}"
-            tarrays[name] = tensor
-            return name
-
+        encoder, tarrays = Encoder.collecting("x")
         for i, transform in enumerate(getattr(storage, "_transforms", None) or []):
             sd = getattr(transform, "state_dict", None)
-            transforms.append(None if transform is None or not callable(sd) else Encoder(add).encode(sd(), f"transform {i}"))
+            transforms.append(None if transform is None or not callable(sd) else encoder.encode(sd(), f"transform {i}"))
         arrays.update({f"transforms/{k}": v for k, v in tarrays.items()})
         return {"members": members_state, "transforms": transforms}, arrays
 

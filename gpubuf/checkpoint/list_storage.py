@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import torch
-
 from gpubuf.checkpoint.base import StorageCheckpointerBase, call_hook
 from gpubuf.checkpoint.codecs import Apply, Context, StateDictCodec, _array, check_kind, register_codec, shadow_of
 from gpubuf.checkpoint.errors import CheckpointCorruptError, CheckpointMismatchError, UnserializableDataError
@@ -32,14 +30,7 @@ class ListStorageCheckpointer(StorageCheckpointerBase):
         items: Any = list(storage._storage)
         for hook in self.save_hooks(storage):
             items = call_hook(hook, items, path=context.scratch)
-        arrays: dict[str, torch.Tensor] = {}
-
-        def add(tensor: torch.Tensor) -> str:
-            name = f"t{len(arrays)}"
-            arrays[name] = tensor
-            return name
-
-        encoder = Encoder(add)
+        encoder, arrays = Encoder.collecting("t")
         if not isinstance(items, list):
             raise UnserializableDataError(f"list storage save hooks must return a list, got {type(items).__name__}")
         encoded = [encoder.encode(item, f"item {i}") for i, item in enumerate(items)]

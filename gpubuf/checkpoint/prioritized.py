@@ -124,14 +124,19 @@ class PrioritizedSamplerCodec(Codec):
             return _apply_shared(sampler, tree, (alpha, beta, eps), max_priority, reduction, state)
         shadow, apply = shadow_of(sampler)
         shadow._tree = tree
-        shadow._alpha, shadow._beta, shadow._eps = alpha, beta, eps
-        shadow._max_priority = max_priority
-        shadow.reduction = reduction
-        if isinstance(state.get("max_priority_within_buffer"), bool):
-            shadow._max_priority_within_buffer = state["max_priority_within_buffer"]
-        if isinstance(state.get("stratified"), bool):
-            shadow.stratified = state["stratified"]
+        _set_loaded(shadow, (alpha, beta, eps), max_priority, reduction, state)
         return apply
+
+
+def _set_loaded(sampler: Any, exponents: tuple, max_priority: tuple, reduction: str, state: dict) -> None:
+    """Sets a checkpoint's exponents, running maximum, reduction and flags on a sampler (or its shadow)."""
+    sampler._alpha, sampler._beta, sampler._eps = exponents
+    sampler._max_priority = max_priority
+    sampler.reduction = reduction
+    if isinstance(state.get("max_priority_within_buffer"), bool):
+        sampler._max_priority_within_buffer = state["max_priority_within_buffer"]
+    if isinstance(state.get("stratified"), bool):
+        sampler.stratified = state["stratified"]
 
 
 def _apply_shared(sampler: Any, tree: Any, exponents: tuple, max_priority: tuple, reduction: str, state: dict) -> Apply:
@@ -150,13 +155,7 @@ def _apply_shared(sampler: Any, tree: Any, exponents: tuple, max_priority: tuple
             shared.leaves.copy_(tree.leaves)
             shared.sums.copy_(tree.sums)
             shared.mins.copy_(tree.mins)
-            sampler._alpha, sampler._beta, sampler._eps = exponents
-            sampler._max_priority = max_priority
-            sampler.reduction = reduction
-            if isinstance(state.get("max_priority_within_buffer"), bool):
-                sampler._max_priority_within_buffer = state["max_priority_within_buffer"]
-            if isinstance(state.get("stratified"), bool):
-                sampler.stratified = state["stratified"]
+            _set_loaded(sampler, exponents, max_priority, reduction, state)
 
     return apply
 

@@ -75,14 +75,8 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
         data = storage._storage
         for hook in hooks:
             data = call_hook(hook, data, path=context.scratch)
-        arrays: dict[str, torch.Tensor] = {}
-
-        def add(tensor: torch.Tensor) -> str:
-            name = f"h{len(arrays)}"
-            arrays[name] = tensor
-            return name
-
-        state["hooked"] = Encoder(add).encode(data, "storage content (after save hooks)")
+        encoder, arrays = Encoder.collecting("h")
+        state["hooked"] = encoder.encode(data, "storage content (after save hooks)")
         return state, arrays
 
     # ------------------------------------------------------------------ load
@@ -202,32 +196,28 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
 
     def decode_content(self, storage: Any, state: dict, arrays: Mapping[str, Any], context: Context) -> tuple[Any, list]:
         """The checkpoint's layout and its full-capacity leaves (host tensors), validated."""
-        from gpubuf.storages._layout import Layout
-
         if "hooked" in state:
             data = Decoder(lambda name: _array(arrays, name)).decode(state["hooked"], "storage content")
-            for hook in self.load_hooks(storage):
-                data = call_hook(hook, data, out=None)
-            try:
-                layout = Layout.from_batch(data, leading=1)
-                leaves = layout.split(data, leading=None, device=None)
-            except Exception as err:
-                raise CheckpointMismatchError(f"the storage content after load hooks is not storable: {err}") from err
-            return layout, [leaf.cpu() for leaf in leaves]
+            return self._through_load_hooks(storage, data)
         if self.load_hooks(storage):
             # TorchRL refuses load hooks on pytree checkpoints; here the data written without save
             # hooks goes through the load hooks as the container the storage holds.
-            data = self._container(state, arrays)
-            for hook in self.load_hooks(storage):
-                data = call_hook(hook, data, out=None)
-            try:
-                layout = Layout.from_batch(data, leading=1)
-                leaves = layout.split(data, leading=None, device=None)
-            except Exception as err:
-                raise CheckpointMismatchError(f"the storage content after load hooks is not storable: {err}") from err
-            return layout, [leaf.cpu() for leaf in leaves]
+            return self._through_load_hooks(storage, self._container(state, arrays))
         layout = decode_layout(require(state, "layout", dict, "storage state"), "storage state.layout")
         return layout, [_array(arrays, f"leaf_{i}") for i in range(len(layout.leaves))]
+
+    def _through_load_hooks(self, storage: Any, data: Any) -> tuple[Any, list]:
+        """The layout and host leaves of ``data`` after the storage's load hooks."""
+        from gpubuf.storages._layout import Layout
+
+        for hook in self.load_hooks(storage):
+            data = call_hook(hook, data, out=None)
+        try:
+            layout = Layout.from_batch(data, leading=1)
+            leaves = layout.split(data, leading=None, device=None)
+        except Exception as err:
+            raise CheckpointMismatchError(f"the storage content after load hooks is not storable: {err}") from err
+        return layout, [leaf.cpu() for leaf in leaves]
 
     def _container(self, state: dict, arrays: Mapping[str, Any]) -> Any:
         layout = decode_layout(require(state, "layout", dict, "storage state"), "storage state.layout")

@@ -82,6 +82,26 @@ def check_resolvable(cls: type, what: str) -> str:
 class Encoder:
     """Encodes values; tensors are handed to ``add_array``, which returns their array name."""
 
+    @classmethod
+    def collecting(cls, prefix: str) -> tuple[Encoder, dict[str, torch.Tensor]]:
+        """An encoder that keeps the tensors it meets, named ``<prefix>0``, ``<prefix>1``, ...
+
+        Args:
+            prefix: what the array names start with, so that they stay apart from the other
+                arrays of the same component.
+
+        Returns:
+            ``(encoder, arrays)``: the encoder, and the dict (name to tensor) it fills.
+        """
+        arrays: dict[str, torch.Tensor] = {}
+
+        def add(tensor: torch.Tensor) -> str:
+            name = f"{prefix}{len(arrays)}"
+            arrays[name] = tensor
+            return name
+
+        return cls(add), arrays
+
     def __init__(self, add_array: AddArray) -> None:
         self.add_array = add_array
 
