@@ -3,6 +3,7 @@
 Modules, one job each:
 
 - :mod:`~gpubuf.benchmark.workloads`: the data, the ops and the providers that run them;
+- :mod:`~gpubuf.benchmark.prioritized`: the prioritized cycle's buffers and raw-torch floor;
 - :mod:`~gpubuf.benchmark.timing`: round-robin timing of several callables;
 - :mod:`~gpubuf.benchmark.config`: the ``--quick`` and ``--full`` configurations and the bars;
 - :mod:`~gpubuf.benchmark.harness`: the sweep;

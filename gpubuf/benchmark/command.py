@@ -13,10 +13,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Adds ``bench`` to the ``gpubuf`` command's subparsers."""
     parser = subparsers.add_parser(
         "bench",
-        help="time gpubuf against TorchRL and raw torch on the uniform replay workload",
+        help="time gpubuf against TorchRL and raw torch on the replay workloads",
         description=(
-            "Times extend (chunks of 1,000 and 100,000 rows) and uniform sample (B = 256 and 65,536) on a "
-            "full buffer of N rows {obs: f32[32], action: f32[4], reward: f32[1], done: bool[1], "
+            "Times extend (chunks of 1,000 and 100,000 rows), uniform sample (B = 256 and 65,536) and the "
+            "prioritized cycle (sample + gather + weights + priority update; B = 256, and 65,536 with --full) "
+            "on a full buffer of N rows {obs: f32[32], action: f32[4], reward: f32[1], done: bool[1], "
             "next_obs: f32[32]}, for gpubuf, TorchRL (when installed) and raw torch, interleaved in one "
             "process. Prints a table and writes <out>/bench-<device>-<timestamp>.json and .png."
         ),
@@ -32,7 +33,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--ops",
         nargs="+",
         metavar="OP",
-        help="ops to run: extend, sample, or one size such as extend:100000 or sample:256 (default: all)",
+        help=(
+            "ops to run: extend, sample, cycle, or one size such as extend:100000, sample:256 or cycle:65536 "
+            "(default: those of --quick or --full)"
+        ),
     )
     parser.add_argument("--rows", type=int, help="override N, the buffer's rows (printed as a note)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from gpubuf.benchmark.workloads import TDRB, OpSpec
+from gpubuf.benchmark.workloads import KINDS, TDPRB, TDRB, OpSpec
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,7 @@ class BenchConfig:
         rows: ``N``, the buffer capacity; buffers are filled to it before timing.
         extend_chunks: chunk lengths of the ``extend`` ops.
         sample_batches: batch sizes of the ``sample`` ops.
+        cycle_batches: batch sizes of the prioritized ``cycle`` ops (none unless given).
         warmup: untimed calls per provider before timing.
         repeats: timed blocks per provider and op.
         min_repeats: blocks always timed, even past ``max_op_s``.
@@ -29,6 +30,7 @@ class BenchConfig:
     rows: int
     extend_chunks: tuple[int, ...] = (1_000, 100_000)
     sample_batches: tuple[int, ...] = (256, 65_536)
+    cycle_batches: tuple[int, ...] = ()
     warmup: int = 3
     repeats: int = 30
     min_repeats: int = 5
@@ -44,8 +46,12 @@ class BenchConfig:
             raise ValueError(f"extend chunks {too_long} exceed the buffer's {self.rows} rows")
 
     def ops(self) -> list[OpSpec]:
-        """Every op of the configuration: extends first, then samples."""
-        return [OpSpec("extend", c) for c in self.extend_chunks] + [OpSpec("sample", b) for b in self.sample_batches]
+        """Every op of the configuration: extends, then samples, then prioritized cycles."""
+        return (
+            [OpSpec("extend", c) for c in self.extend_chunks]
+            + [OpSpec("sample", b) for b in self.sample_batches]
+            + [OpSpec("cycle", b) for b in self.cycle_batches]
+        )
 
     def with_rows(self, rows: int) -> "BenchConfig":
         """A copy with another ``N`` (chunks longer than ``rows`` are dropped)."""
@@ -53,11 +59,31 @@ class BenchConfig:
         return replace(self, rows=rows, extend_chunks=chunks)
 
 
-#: The issue's workload, timed at length: N = 1M, extend 1k / 100k, sample 256 / 65,536.
-FULL = BenchConfig(name="full", rows=1_000_000, warmup=5, repeats=150, min_repeats=30, min_block_s=0.02, max_op_s=60.0)
+#: The issue's workload, timed at length: N = 1M, extend 1k / 100k, sample 256 / 65,536, and
+#: the prioritized cycle (sample + gather + weights + priority update) at 256 / 65,536.
+FULL = BenchConfig(
+    name="full",
+    rows=1_000_000,
+    cycle_batches=(256, 65_536),
+    warmup=5,
+    repeats=150,
+    min_repeats=30,
+    min_block_s=0.02,
+    max_op_s=60.0,
+)
 
-#: The same sizes, timed briefly: about a minute on a 2-core CPU, seconds on a GPU.
-QUICK = BenchConfig(name="quick", rows=1_000_000, warmup=2, repeats=20, min_repeats=5, min_block_s=0.005, max_op_s=8.0)
+#: The same sizes timed briefly, the cycle at B = 256 only: about a minute and a half on a
+#: 2-core CPU, seconds on a GPU.
+QUICK = BenchConfig(
+    name="quick",
+    rows=1_000_000,
+    cycle_batches=(256,),
+    warmup=2,
+    repeats=20,
+    min_repeats=5,
+    min_block_s=0.005,
+    max_op_s=8.0,
+)
 
 CONFIGS = {"quick": QUICK, "full": FULL}
 
@@ -90,6 +116,8 @@ BARS = (
     Bar("sample", 256, "torchrl", 1 / 2.5),
     Bar("sample", 65_536, "raw", 1.3),
     Bar("extend", 100_000, "raw", 1.2),
+    Bar("cycle", 256, "torchrl", 1 / 3, TDPRB),
+    Bar("cycle", 65_536, "torchrl", 1 / 3, TDPRB),
 )
 
 
@@ -106,8 +134,8 @@ def parse_ops(specs: list[str] | None, config: BenchConfig) -> list[OpSpec]:
 
     Args:
         specs: items like ``"sample"`` (every size of that kind in ``config``) or
-            ``"sample:4096"`` / ``"extend:1000"`` (one size, which may be outside ``config``);
-            None or empty selects every op of ``config``.
+            ``"sample:4096"`` / ``"extend:1000"`` / ``"cycle:256"`` (one size, which may be
+            outside ``config``); None or empty selects every op of ``config``.
         config: the configuration providing the default sizes.
 
     Raises:
@@ -118,8 +146,10 @@ def parse_ops(specs: list[str] | None, config: BenchConfig) -> list[OpSpec]:
     chosen: list[OpSpec] = []
     for spec in specs:
         kind, _, size = spec.partition(":")
-        if kind not in ("extend", "sample"):
-            raise ValueError(f"unknown op {spec!r}: expected extend, sample, extend:<rows> or sample:<batch>")
+        if kind not in KINDS:
+            raise ValueError(
+                f"unknown op {spec!r}: expected extend, sample, cycle, extend:<rows>, sample:<batch> or cycle:<batch>"
+            )
         if size:
             try:
                 value = int(size.replace("_", "").replace(",", ""))

@@ -95,6 +95,9 @@ def run_benchmark(
     if config.rows != 1_000_000:
         notes.append(f"NOTE: N = {config.rows:,} rows, not the 1,000,000 of the reference workload")
     providers = list(providers) if providers is not None else default_providers(include_torchrl)
+    # A provider none of whose op kinds is requested is not built (each holds a copy of the data).
+    kinds = {op.kind for op in ops}
+    providers = [p for p in providers if kinds.intersection(p.kinds)]
 
     with torchrl_compat.quiet_logs():
         say(f"generating {config.rows:,} rows ({config.rows * ROW_BYTES / 1e6:.0f} MB) on {device}")
@@ -151,6 +154,7 @@ def _run_op(
 ) -> list[dict]:
     calls: dict[str, Callable[[], Any]] = {}
     failed: dict[int, str] = {}
+    providers = [p for p in providers if op.kind in p.kinds]
     for provider in providers:
         reason = reasons[id(provider)]
         if reason:

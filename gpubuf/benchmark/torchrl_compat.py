@@ -85,17 +85,54 @@ def quiet_logs() -> Iterator[None]:
         logger.removeFilter(quiet)
 
 
+def _require(module: ModuleType, names: tuple[str, ...]) -> ModuleType:
+    for name in names:
+        if not hasattr(module, name):
+            raise TorchRLUnavailable(f"{_MODULE} has no {name}")
+    return module
+
+
 def namespace() -> Any:
-    """The TorchRL classes the workloads use (``TensorDictReplayBuffer``, ``ReplayBuffer``,
+    """The TorchRL classes the uniform workload uses (``TensorDictReplayBuffer``, ``ReplayBuffer``,
     ``LazyTensorStorage``), as attributes of ``torchrl.data``.
 
     Raises:
         TorchRLUnavailable: TorchRL cannot be imported, or lacks one of those classes.
     """
-    module = load_torchrl_data()
-    for name in ("TensorDictReplayBuffer", "ReplayBuffer", "LazyTensorStorage"):
-        if not hasattr(module, name):
-            raise TorchRLUnavailable(f"{_MODULE} has no {name}")
+    return _require(load_torchrl_data(), ("TensorDictReplayBuffer", "ReplayBuffer", "LazyTensorStorage"))
+
+
+#: Longest reason kept from an extension's import error (a missing C++ symbol is hundreds of characters).
+_MAX_REASON = 240
+
+
+def prioritized_namespace() -> Any:
+    """The TorchRL classes of the prioritized cycle (``TensorDictPrioritizedReplayBuffer``,
+    ``PrioritizedReplayBuffer``, ``LazyTensorStorage``), as attributes of ``torchrl.data``.
+
+    TorchRL's prioritized samplers keep their sum and min trees in its C++ extension
+    (``torchrl._torchrl``). A wheel built against another torch imports fine but cannot load
+    the extension, and the buffers then raise when built; this checks the extension first, so
+    the reason names the real cause.
+
+    Raises:
+        TorchRLUnavailable: TorchRL cannot be imported, lacks one of those classes, or its
+            extension does not load.
+    """
+    module = _require(
+        load_torchrl_data(), ("TensorDictPrioritizedReplayBuffer", "PrioritizedReplayBuffer", "LazyTensorStorage")
+    )
+    try:
+        extension = importlib.import_module("torchrl._torchrl")
+    except BaseException as err:  # an ABI mismatch surfaces as ImportError, but a broken build can raise anything
+        if isinstance(err, KeyboardInterrupt):
+            raise
+        reason = f"TorchRL's C++ extension (its segment trees) does not load: {describe_error(err)}"
+        if len(reason) > _MAX_REASON:
+            reason = reason[: _MAX_REASON - 3] + "..."
+        raise TorchRLUnavailable(reason) from err
+    if not hasattr(extension, "SumSegmentTreeFp32"):
+        raise TorchRLUnavailable("TorchRL's C++ extension has no SumSegmentTreeFp32")
     return module
 
 
@@ -105,5 +142,6 @@ __all__ = [
     "describe_error",
     "load_torchrl_data",
     "namespace",
+    "prioritized_namespace",
     "quiet_logs",
 ]

@@ -1,15 +1,19 @@
-"""The uniform-replay workload: its data, its ops, and the providers that run them.
+"""The workloads: their data, their ops, and the providers that run them.
 
 Data: ``N`` transitions ``{obs: f32[32], action: f32[4], reward: f32[1], done: bool[1],
 next_obs: f32[32]}`` (277 bytes a row). Ops: ``extend`` a chunk of rows into a full buffer of
-capacity ``N`` (round robin, so it overwrites), and ``sample`` a uniform batch of ``B`` rows.
+capacity ``N`` (round robin, so it overwrites), ``sample`` a uniform batch of ``B`` rows, and
+``cycle``: a prioritized sample of ``B`` rows followed by an update of their priorities (see
+:mod:`gpubuf.benchmark.prioritized`).
 
-Providers run the same op on the same data:
+Providers run the same op on the same data; each runs the op kinds in its ``kinds``:
 
 - ``gpubuf`` and ``torchrl``: ``TensorDictReplayBuffer`` (the main comparison) and plain
-  ``ReplayBuffer``, each over ``LazyTensorStorage(N)``;
+  ``ReplayBuffer``, each over ``LazyTensorStorage(N)``, for extend and sample;
+  ``TensorDictPrioritizedReplayBuffer`` and ``PrioritizedReplayBuffer`` for the cycle;
 - ``raw``: the floor in plain torch, one preallocated tensor per field; extend is a slice
-  ``copy_`` per field, sample is ``randint`` + ``index_select`` per field.
+  ``copy_`` per field, sample is ``randint`` + ``index_select`` per field, the cycle is
+  :func:`~gpubuf.benchmark.prioritized.raw_cycle`.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Any, Callable
 import torch
 from tensordict import TensorDict
 
-from gpubuf.benchmark import torchrl_compat
+from gpubuf.benchmark import prioritized, torchrl_compat
 
 #: name -> (dtype, per-row shape), in storage order.
 FIELDS: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {
@@ -36,6 +40,11 @@ ROW_BYTES = sum(dtype.itemsize * torch.Size(shape).numel() for dtype, shape in F
 
 TDRB = "TensorDictReplayBuffer"
 RB = "ReplayBuffer"
+TDPRB = prioritized.TDPRB
+PRB = prioritized.PRB
+#: The op kinds, in the order a configuration runs them.
+KINDS = ("extend", "sample", "cycle")
+_SHORT = {TDRB: "TDRB", RB: "RB", TDPRB: "TDPRB", PRB: "PRB"}
 
 # Rows per extend while filling a buffer before timing: bounds the temporaries of the fill.
 _FILL_CHUNK = 100_000
@@ -46,7 +55,9 @@ class OpSpec:
     """One timed operation.
 
     Attributes:
-        kind: ``"extend"`` (write ``size`` rows) or ``"sample"`` (draw a batch of ``size`` rows).
+        kind: ``"extend"`` (write ``size`` rows), ``"sample"`` (draw a uniform batch of ``size``
+            rows) or ``"cycle"`` (a prioritized sample of ``size`` rows, then new priorities
+            for them).
         size: the chunk length or the batch size.
     """
 
@@ -54,8 +65,8 @@ class OpSpec:
     size: int
 
     def __post_init__(self) -> None:
-        if self.kind not in ("extend", "sample"):
-            raise ValueError(f"op kind must be 'extend' or 'sample', got {self.kind!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"op kind must be one of {KINDS}, got {self.kind!r}")
         if self.size <= 0:
             raise ValueError(f"op size must be positive, got {self.size}")
 
@@ -70,7 +81,10 @@ class OpSpec:
 
     @property
     def bytes_moved(self) -> int:
-        """Payload bytes read plus written by one call: every row is read once and written once."""
+        """Payload bytes read plus written by one call: every row is read once and written once.
+
+        A cycle counts its batch's rows only; its priorities are a few bytes per row.
+        """
         return 2 * self.size * ROW_BYTES
 
 
@@ -104,16 +118,18 @@ class Provider:
         library: ``"gpubuf"``, ``"torchrl"`` or ``"raw"``.
         buffer: the buffer class name, or None for the raw floor.
         optional: True when a failure must be reported as "unavailable" rather than raised.
+        kinds: the op kinds it runs.
     """
 
     library: str = ""
     buffer: str | None = None
     optional: bool = False
+    kinds: tuple[str, ...] = KINDS
 
     @property
     def label(self) -> str:
         """A short display name."""
-        short = {TDRB: "TDRB", RB: "RB"}.get(self.buffer or "", self.buffer or "")
+        short = _SHORT.get(self.buffer or "", self.buffer or "")
         return f"{self.library} {short}".strip()
 
     def setup(self, data: TensorDict) -> None:
@@ -139,6 +155,8 @@ class BufferProvider(Provider):
         optional: see :class:`Provider`.
     """
 
+    kinds = ("extend", "sample")
+
     def __init__(self, library: str, buffer: str, classes: Callable[[], Any], optional: bool = False) -> None:
         self.library = library
         self.buffer = buffer
@@ -150,9 +168,12 @@ class BufferProvider(Provider):
         ns = self._classes()
         capacity = data.batch_size[0]
         storage = ns.LazyTensorStorage(capacity, device=data.device)
-        self._rb = getattr(ns, self.buffer)(storage=storage)
+        self._rb = self._build(ns, storage)
         for start in range(0, capacity, _FILL_CHUNK):
             self._rb.extend(self._feed(data[start : start + _FILL_CHUNK]))
+
+    def _build(self, ns: Any, storage: Any) -> Any:
+        return getattr(ns, self.buffer)(storage=storage)
 
     def _feed(self, chunk: TensorDict) -> TensorDict:
         # TorchRL's TensorDictReplayBuffer.extend writes an "index" entry into the TensorDict it is
@@ -172,6 +193,30 @@ class BufferProvider(Provider):
         self._rb = None
 
 
+class PrioritizedProvider(BufferProvider):
+    """A prioritized replay buffer of gpubuf or TorchRL, for the cycle.
+
+    Args:
+        library: ``"gpubuf"`` or ``"torchrl"``.
+        buffer: ``"TensorDictPrioritizedReplayBuffer"`` or ``"PrioritizedReplayBuffer"``.
+        classes: as in :class:`BufferProvider` (``torchrl_compat.prioritized_namespace`` for
+            TorchRL, which also checks its C++ extension).
+        optional: see :class:`Provider`.
+    """
+
+    kinds = ("cycle",)
+
+    def _build(self, ns: Any, storage: Any) -> Any:
+        return prioritized.build_prioritized(ns, self.buffer, storage)
+
+    def setup(self, data: TensorDict) -> None:
+        super().setup(data)
+        prioritized.fill_priorities(self._rb, data)
+
+    def make_call(self, op: OpSpec, data: TensorDict) -> Callable[[], Any]:
+        return prioritized.buffer_cycle(self._rb, self.buffer, op.size, data.device)
+
+
 class RawTorchProvider(Provider):
     """The floor: one preallocated tensor per field and plain torch ops, no buffer logic."""
 
@@ -181,14 +226,20 @@ class RawTorchProvider(Provider):
     def __init__(self) -> None:
         self._stores: list[torch.Tensor] = []
         self._cursor = 0
+        self._priorities: prioritized.RawCycleState | None = None
 
     def setup(self, data: TensorDict) -> None:
         self._stores = [data[name].clone() for name in FIELDS]
         self._cursor = 0
+        self._priorities = None
 
     def make_call(self, op: OpSpec, data: TensorDict) -> Callable[[], Any]:
         stores = self._stores
         capacity = stores[0].shape[0]
+        if op.kind == "cycle":
+            if self._priorities is None:
+                self._priorities = prioritized.RawCycleState(capacity, stores[0].device)
+            return prioritized.raw_cycle(stores, self._priorities, op.size)
         if op.kind == "extend":
             chunk = [data[name][: op.size] for name in FIELDS]
             return lambda: self._extend(chunk, capacity)
@@ -212,6 +263,7 @@ class RawTorchProvider(Provider):
 
     def close(self) -> None:
         self._stores = []
+        self._priorities = None
 
 
 class UnavailableProvider(Provider):
@@ -219,10 +271,11 @@ class UnavailableProvider(Provider):
 
     optional = True
 
-    def __init__(self, library: str, buffer: str | None, reason: str) -> None:
+    def __init__(self, library: str, buffer: str | None, reason: str, kinds: tuple[str, ...] = KINDS) -> None:
         self.library = library
         self.buffer = buffer
         self.reason = reason
+        self.kinds = kinds
 
 
 def _gpubuf_classes() -> Any:
@@ -232,31 +285,41 @@ def _gpubuf_classes() -> Any:
 
 
 def default_providers(include_torchrl: bool = True) -> list[Provider]:
-    """The providers of the comparison, in display order.
+    """The providers of the comparison, in display order (each op shows those that run it).
 
     Args:
         include_torchrl: when False, TorchRL's providers are listed as unavailable
             ("not requested") and TorchRL is not imported.
     """
     providers: list[Provider] = []
-    for buffer in (TDRB, RB):
-        providers.append(BufferProvider("gpubuf", buffer, _gpubuf_classes))
-        if include_torchrl:
-            providers.append(BufferProvider("torchrl", buffer, torchrl_compat.namespace, optional=True))
-        else:
-            providers.append(UnavailableProvider("torchrl", buffer, "not requested (--no-torchrl)"))
-        if buffer == TDRB:
-            providers.append(RawTorchProvider())
+    raw = RawTorchProvider()
+    families = (
+        (BufferProvider, (TDRB, RB), torchrl_compat.namespace),
+        (PrioritizedProvider, (TDPRB, PRB), torchrl_compat.prioritized_namespace),
+    )
+    for kind, buffers, torchrl_classes in families:
+        for buffer in buffers:
+            providers.append(kind("gpubuf", buffer, _gpubuf_classes))
+            if include_torchrl:
+                providers.append(kind("torchrl", buffer, torchrl_classes, optional=True))
+            else:
+                providers.append(UnavailableProvider("torchrl", buffer, "not requested (--no-torchrl)", kind.kinds))
+            if buffer == TDRB:
+                providers.append(raw)
     return providers
 
 
 __all__ = [
     "FIELDS",
+    "KINDS",
+    "PRB",
     "ROW_BYTES",
     "RB",
+    "TDPRB",
     "TDRB",
     "BufferProvider",
     "OpSpec",
+    "PrioritizedProvider",
     "Provider",
     "RawTorchProvider",
     "UnavailableProvider",

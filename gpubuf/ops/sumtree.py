@@ -38,6 +38,9 @@ Ops
   host synchronisation).
 * :func:`sumtree_rebuild`: recompute every internal node from the leaves, ``O(capacity)``.
 * :func:`importance_weights`: ``(value / p_min) ** (-beta)``.
+
+CUDA trees run Triton kernels; CPU trees run a torch path of their own ("CPU fast path" at the
+end of this module) with results equal, bit for bit, to the twins'.
 """
 
 from __future__ import annotations
@@ -121,6 +124,22 @@ class SumTree:
     def _reset_views(self) -> None:
         self._offsets_tensor: torch.Tensor | None = None
         self._views: dict[str, list[torch.Tensor]] | None = None
+        self._plan: _CpuPlan | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Cached views and the CPU path's scratch are rebuilt on first use: pickling them would
+        # copy (or, between processes, share) tensors that belong to this process only.
+        state = dict(self.__dict__)
+        state["_offsets_tensor"] = state["_views"] = state["_plan"] = None
+        return state
+
+    def _cpu_plan(self) -> _CpuPlan:
+        """Cached views and scratch of the CPU fast path (rebuilt if a tensor was replaced)."""
+        key = (self.leaves.data_ptr(), self.sums.data_ptr(), self.mins.data_ptr())
+        if self._plan is None or self._plan.key != key:
+            self._views = None  # the twins' cached views are as stale as the plan
+            self._plan = _CpuPlan(self, key)
+        return self._plan
 
     def _rows(self) -> dict[str, list[torch.Tensor]]:
         """Cached ``[rows, F]`` views: ``"sums"[k]``/``"mins"[k]`` are level ``k``'s entries as the
@@ -403,7 +422,9 @@ def sumtree_update(
 
     CUDA trees go to Triton: the last-wins dedupe is a stable sort in torch (no host
     synchronisation), then one launch writes the leaves and one launch per level refreshes the
-    ancestors, so duplicates resolve the same way on every run. CPU trees go to the torch twin.
+    ancestors, so duplicates resolve the same way on every run. CPU trees take a torch path
+    with the twin's results (see "CPU fast path" below): it may recompute every node of a level
+    that has few nodes per written leaf, which leaves the untouched ones as they were.
 
     Args:
         tree, index, priority, alpha, eps: as in :func:`sumtree_update_ref`.
@@ -431,6 +452,9 @@ def sumtree_update(
         raise ValueError(f"limit must lie in [0, {tree.capacity}], got {limit}")
     which = resolve_backend(tree.leaves, backend)
     values = transform_priority(priority, alpha, eps, tree.dtype)
+    if which == "torch" and tree.device.type == "cpu":
+        has_negative = _check_values_cpu(tree, index, priority, values, limit, validate, alpha, eps)
+        return _update_cpu(tree, index, values, has_negative)
     if validate:
         _check_values(tree, index, priority, values, limit)
     if which == "triton":
@@ -439,6 +463,44 @@ def sumtree_update(
         kernel_module("sumtree").sumtree_update_triton(tree, index.to(torch.int64), values.contiguous())
         return tree
     return _apply_ref(tree, index, values)
+
+
+def _check_values_cpu(
+    tree: SumTree,
+    index: torch.Tensor,
+    priority: torch.Tensor,
+    values: torch.Tensor,
+    limit: int,
+    validate: bool,
+    alpha: float,
+    eps: float,
+) -> bool:
+    """:func:`_check_values` for a CPU tree, in two reductions; returns whether ``index`` has a negative.
+
+    Reading a CPU tensor's value costs no synchronisation, so the bounds are compared on the
+    host. Whenever a quick check fails, :func:`_check_values` runs and raises its precise error
+    (or passes, where the overflow bound below was only conservative).
+    """
+    if index.numel() == 0:
+        if validate:
+            _check_values(tree, index, priority, values, limit)
+        return False
+    low, high = (int(v) for v in torch.aminmax(index))
+    if validate and priority.numel():
+        p = priority if priority.dtype.is_floating_point else priority.to(torch.float64)
+        p_low, p_high = (float(v) for v in torch.aminmax(p))
+        # NaN fails every comparison, so NaN, infinities and negatives all take the slow path.
+        ok = p_low >= 0 and p_high < math.inf and high < limit
+        if ok:
+            # The transform is non-decreasing in p: its largest value is that of the largest
+            # priority. Half the dtype's maximum leaves room for pow's last-bit differences.
+            try:
+                ok = (p_high + eps) ** alpha <= torch.finfo(tree.dtype).max / 2
+            except OverflowError:
+                ok = False
+        if not ok:
+            _check_values(tree, index, priority, values, limit)
+    return low < 0
 
 
 def sumtree_rebuild(tree: SumTree) -> SumTree:
@@ -571,7 +633,8 @@ def sumtree_sample(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefix-sum sampling; see :func:`sumtree_sample_ref` for the specification.
 
-    CUDA trees go to one Triton launch; CPU trees to the torch twin. Nothing is synchronised.
+    CUDA trees go to one Triton launch, CPU trees to a torch path with the twin's results (see
+    "CPU fast path" below). Nothing is synchronised on CUDA.
 
     Args:
         tree, uniforms, stratified: as in :func:`sumtree_sample_ref`.
@@ -588,4 +651,317 @@ def sumtree_sample(
     which = resolve_backend(tree.leaves, backend)
     if which == "triton":
         return kernel_module("sumtree").sumtree_sample_triton(tree, uniforms.to(torch.float64), stratified=stratified)
+    if tree.device.type == "cpu":
+        return _sample_cpu(tree, uniforms.to(torch.float64), stratified)
     return sumtree_sample_ref(tree, uniforms, stratified=stratified)
+
+
+# -------------------------------------------------------------------- CPU fast path
+# The twins above state the ops as plainly as possible; the functions below are what CPU trees
+# run. They return the same tensors bit for bit (tests compare them on random and adversarial
+# inputs), with fewer torch calls for small batches and less work for large ones:
+#
+# * update: validation from two min/max reductions read on the host; last-wins by scattering
+#   each write's position (no sort); duplicate parents recomputed as often as they appear,
+#   harmless since every copy writes the same value; a level with few nodes per written leaf
+#   rebuilt whole by one reduction (the leaves' parents: a plain minimum, masked only in rows
+#   that hold a zero leaf).
+# * sample: exclusive prefix rows with a leading zero column, so `searchsorted - 1` is the
+#   child with no clamp; the root's row searched once as a 1-D row; prefix tables built once
+#   per call for large batches; draws in chunks whose temporaries stay in cache; large i.i.d.
+#   batches descend in increasing order of mass.
+#
+# Row sums and minima are the twin's expressions (`sum(1)` in float64, `amin(1)` over positive
+# leaves), which torch computes row by row independently of the number of rows: a node reads
+# the same whichever path refreshed it, so updates and rebuilds never disagree (no drift).
+
+#: Draws processed per chunk by the CPU descent: ``[chunk, F]`` float64 temporaries (2 MiB at
+#: F = 32) stay in cache, and per-call overhead is amortised.
+_DESCENT_CHUNK = 8192
+
+#: From this many i.i.d. draws on, the CPU descent handles them in increasing order of mass.
+_SORT_MIN_DRAWS = 32768
+
+#: The descent builds a level's prefix table once per call (instead of the prefix rows of the
+#: draws that reach it) when the batch has this many draws per row of the level.
+_TABLE_DRAWS_PER_ROW = 8
+
+#: A level is rebuilt whole once it has at most this many nodes per written leaf: gathering a
+#: touched row costs several times more per entry than reducing it in place (measured: the
+#: leaves' parents of a 2**20-leaf tree break even near 4,000 written leaves), and takes seven
+#: torch calls where a whole level takes two.
+_WHOLE_NODES_PER_LEAF = 8
+
+
+class _CpuPlan:
+    """Views of a CPU tree, by level, that the fast path would otherwise rebuild on every call.
+
+    Attributes:
+        key: data pointers of ``leaves``, ``sums``, ``mins`` when the plan was made.
+        shift: ``log2(fanout)``.
+        sizes: ``m_0 .. m_D``.
+        sum_out, min_out: per internal level ``k``, its ``m_k`` real nodes (views).
+        sum_all, min_all: per internal level ``k``, all its entries (targets of ``index_copy_``).
+        sum_rows, min_rows: per internal level ``k``, the ``[m_k, F]`` children rows of its real
+            nodes; ``min_rows[D - 1]`` is None (the leaves' minimum skips zeros).
+        heads: per level ``k = 1 .. D`` (index 0 unused), the first ``F - 1`` columns of level
+            ``k``'s ``[m_{k-1} + 1, F]`` rows, sentinel row included (the leaves for ``k = D``):
+            the entries whose prefix sums the descent compares.
+        root_head: ``heads[1]``'s first row, the root's children.
+        clamp: per level ``k``, the last row index of ``heads[k]`` when the descent can reach a
+            node past it (a padding node, through the last real row), else None.
+        scratch: ``[capacity]`` int64 positions for the last-wins scatter, made on first use.
+        next_position: the first position the next last-wins scatter writes.
+    """
+
+    def __init__(self, tree: SumTree, key: tuple[int, int, int]) -> None:
+        f = tree.fanout
+        depth = tree.depth
+        self.key = key
+        self.shift = f.bit_length() - 1
+        self.sizes = tree.level_sizes
+        leaf_rows = tree.leaves.view(-1, f)
+        self.sum_out, self.min_out, self.sum_all, self.min_all = [], [], [], []
+        self.sum_rows: list[torch.Tensor] = []
+        self.min_rows: list[torch.Tensor | None] = []
+        desc_rows: list[torch.Tensor] = []
+        for k in range(depth):
+            m = self.sizes[k]
+            sums, mins = tree.level(k, "sums"), tree.level(k, "mins")
+            self.sum_all.append(sums)
+            self.min_all.append(mins)
+            self.sum_out.append(sums[:m])
+            self.min_out.append(mins[:m])
+            if k == depth - 1:
+                self.sum_rows.append(leaf_rows[:m])
+                self.min_rows.append(None)
+            else:
+                self.sum_rows.append(tree.level(k + 1, "sums").view(-1, f)[:m])
+                self.min_rows.append(tree.level(k + 1, "mins").view(-1, f)[:m])
+            if k >= 1:
+                desc_rows.append(sums.view(-1, f))
+        desc_rows.append(leaf_rows)
+        self.heads: list[torch.Tensor | None] = [None] + [rows[:, : f - 1] for rows in desc_rows]
+        self.root_head = desc_rows[0][0, : f - 1]
+        self.clamp: list[int | None] = [None, None]
+        reach = f - 1  # the largest node index a draw can hold at level 1
+        for rows in desc_rows[1:]:
+            last = rows.shape[0] - 1
+            self.clamp.append(last if reach > last else None)
+            reach = min(reach, last) * f + f - 1
+        self.scratch: torch.Tensor | None = None
+        self.next_position = 0
+
+
+def _leaf_sums_mins(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 row sums and positive minima (``+inf`` where none) of leaf rows, as the twin has them.
+
+    ``.to(float64).sum(1)`` equals the twin's expression bit for bit and runs several times
+    faster than ``sum(1, dtype=float64)``, which converts inside the reduction loop.
+
+    Args:
+        rows: ``[n, F]`` leaves, float32 or float64: a temporary, overwritten here.
+    """
+    wide = rows.to(torch.float64)
+    sums = wide.sum(1)
+    # Zero leaves cannot be drawn, so they do not count towards the minimum.
+    return sums, wide.masked_fill_(wide <= 0, math.inf).amin(1)
+
+
+def _last_wins_values(plan: _CpuPlan, capacity: int, index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``values`` with each entry replaced by that of the last occurrence of its index.
+
+    Every copy of a duplicate then writes the same value, so an ``index_copy_`` gives the
+    last-wins result whatever order it writes in. One scatter of positions (``amax``) into a
+    ``[capacity]`` scratch and two gathers: ``O(B)``, where a stable sort is ``O(B log B)``.
+    Positions continue from one call to the next, so every entry a past call left in the
+    scratch is below this call's positions: the maximum needs no reset of the scratch, and
+    ``include_self=True`` saves the pass that ``include_self=False`` makes to clear the targets.
+    """
+    b = index.numel()
+    if plan.scratch is None:
+        plan.scratch = torch.full((capacity,), -1, dtype=torch.int64, device=index.device)
+    base = plan.next_position
+    plan.next_position = base + b
+    position = torch.arange(base, base + b, device=index.device)
+    plan.scratch.scatter_reduce_(0, index, position, "amax")
+    return values.index_select(0, plan.scratch.index_select(0, index).sub_(base))
+
+
+def _update_cpu(tree: SumTree, index: torch.Tensor, values: torch.Tensor, has_negative: bool) -> SumTree:
+    """The CPU path of :func:`sumtree_update`: :func:`_apply_ref`'s result, computed faster.
+
+    Args:
+        tree: a CPU tree, mutated in place.
+        index: 1-D integer indices in ``[0, capacity)``, or negative to skip.
+        values: transformed priorities in the leaf dtype, one per index or a single one.
+        has_negative: whether ``index`` holds a negative entry (known from the validation).
+    """
+    index = index.to(torch.int64)
+    if has_negative:
+        keep = index >= 0
+        index = index[keep]
+        if values.numel() != 1:
+            values = values[keep]
+    b = index.numel()
+    if b == 0:
+        return tree
+    plan = tree._cpu_plan()
+    if values.numel() == 1:
+        values = values.expand(b)  # one value for all: duplicates cannot disagree
+    elif b > 1:
+        values = _last_wins_values(plan, tree.capacity, index, values)
+    tree.leaves.index_copy_(0, index, values)
+    _refresh_cpu(tree, plan, index, b)
+    return tree
+
+
+def _rebuild_leaf_parents(plan: _CpuPlan, k: int) -> None:
+    """Recomputes every node of level ``k``, the leaves' parents, from the leaves.
+
+    The minimum is first taken over all leaves of a row, one pass with no mask; only rows
+    where it is zero (rows with unwritten or zero-priority leaves) are redone without their
+    zeros, which in a filled buffer is none of them.
+    """
+    rows = plan.sum_rows[k]
+    torch.sum(rows.to(torch.float64), 1, out=plan.sum_out[k])
+    mins = plan.min_out[k]
+    mins.copy_(rows.amin(1))
+    zero = (mins <= 0).nonzero().view(-1)
+    if zero.numel():
+        mins.index_copy_(0, zero, _leaf_sums_mins(rows.index_select(0, zero))[1])
+
+
+def _refresh_cpu(tree: SumTree, plan: _CpuPlan, index: torch.Tensor, b: int) -> None:
+    """Recomputes every ancestor of the leaves at ``index`` (``b`` of them, duplicates allowed)."""
+    nodes = index
+    whole = False
+    leaf_parents = tree.depth - 1
+    for k in range(leaf_parents, -1, -1):
+        whole = whole or plan.sizes[k] <= _WHOLE_NODES_PER_LEAF * b
+        if whole:
+            if k == leaf_parents:
+                _rebuild_leaf_parents(plan, k)
+            else:
+                torch.sum(plan.sum_rows[k], 1, out=plan.sum_out[k])
+                torch.amin(plan.min_rows[k], 1, out=plan.min_out[k])
+            continue
+        nodes = nodes >> plan.shift
+        rows = plan.sum_rows[k].index_select(0, nodes)
+        if k == leaf_parents:
+            sums, mins = _leaf_sums_mins(rows)
+        else:
+            sums, mins = rows.sum(1), plan.min_rows[k].index_select(0, nodes).amin(1)
+        plan.sum_all[k].index_copy_(0, nodes, sums)
+        plan.min_all[k].index_copy_(0, nodes, mins)
+
+
+def _prefix_rows(heads: torch.Tensor) -> torch.Tensor:
+    """Exclusive float64 prefix sums of rows: ``out[:, 0] = 0``, ``out[:, c] = sum(row[:c])``.
+
+    ``heads`` holds the first ``F - 1`` entries of each row; the sums are the twin's inclusive
+    ``cumsum`` (sequential, float64) shifted right by one column.
+    """
+    out = torch.zeros(heads.shape[0], heads.shape[1] + 1, dtype=torch.float64, device=heads.device)
+    torch.cumsum(heads, 1, dtype=torch.float64, out=out[:, 1:])
+    return out
+
+
+def _sample_cpu(tree: SumTree, uniforms: torch.Tensor, stratified: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU path of :func:`sumtree_sample`: :func:`sumtree_sample_ref`'s result, computed faster.
+
+    A large batch of i.i.d. draws descends in increasing order of mass, then goes back to the
+    draws' order. Sorted masses make consecutive binary searches take the same branches and
+    read neighbouring rows, which more than pays for one radix sort of 31-bit integer keys
+    (``mass = u * total`` grows with ``u``; keys that tie only cost some of that locality).
+    Stratified masses are sorted already.
+    """
+    b = uniforms.numel()
+    if stratified or b < _SORT_MIN_DRAWS:
+        return _descend_cpu(tree, _masses(tree, uniforms, stratified))
+    order = torch.sort((uniforms * 2.0**31).to(torch.int32)).indices
+    node, value = _descend_cpu(tree, _masses(tree, uniforms.index_select(0, order), stratified))
+    return torch.empty_like(node).index_copy_(0, order, node), torch.empty_like(value).index_copy_(0, order, value)
+
+
+def _descend_cpu(tree: SumTree, mass: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU path of the descent: :func:`_descend_ref`'s ``(index, value)``, computed faster.
+
+    With ``P`` a row's exclusive prefix sums (``P[0] = 0``), ``searchsorted(P, mass, right=True)
+    - 1`` is ``min(#{inclusive <= mass}, F - 1)``, the twin's child, and ``P[child]`` the
+    exclusive prefix the twin subtracts. A level's prefix rows come from a table built once per
+    call when the batch is large next to the level, else from the rows the draws reach.
+    """
+    b = mass.numel()
+    if b == 0:
+        return torch.zeros(0, dtype=torch.int64), tree.leaves[:0].clone()
+    plan = tree._cpu_plan()
+    f = tree.fanout
+    root = torch.zeros(f, dtype=torch.float64)
+    torch.cumsum(plan.root_head, 0, out=root[1:])
+    tables: list[torch.Tensor | None] = [None, None]
+    for k in range(2, tree.depth + 1):
+        heads = plan.heads[k]
+        tables.append(_prefix_rows(heads) if b >= _TABLE_DRAWS_PER_ROW * heads.shape[0] else None)
+    # Prefix rows of the levels without a table go to one buffer that every chunk and level
+    # reuses; its column 0 stays zero.
+    buffer = None
+    if any(table is None for table in tables[2:]):
+        buffer = torch.zeros(min(b, _DESCENT_CHUNK), f, dtype=torch.float64)
+    if b <= _DESCENT_CHUNK:
+        node = _descend_chunk(tree, plan, root, tables, buffer, mass)
+    else:
+        node = torch.empty(b, dtype=torch.int64)
+        for start in range(0, b, _DESCENT_CHUNK):
+            stop = min(start + _DESCENT_CHUNK, b)
+            rows = None if buffer is None else buffer[: stop - start]
+            node[start:stop] = _descend_chunk(tree, plan, root, tables, rows, mass[start:stop])
+    value = tree.leaves.index_select(0, node)
+    # As in the twin: a draw that ended on a zero leaf (rounding, or an empty tree) is redone
+    # with the full child rule. One read of the minimum decides whether there is any.
+    if value.amin().item() <= 0:
+        redo = value <= 0
+        node = node.masked_scatter(redo, _descend_checked_ref(tree, mass[redo]))
+        value = tree.leaves.index_select(0, node)
+    return node, value
+
+
+def _descend_chunk(
+    tree: SumTree,
+    plan: _CpuPlan,
+    root: torch.Tensor,
+    tables: list[torch.Tensor | None],
+    buffer: torch.Tensor | None,
+    mass: torch.Tensor,
+) -> torch.Tensor:
+    """Leaf indices of ``n`` draws; each level costs a handful of ``[n]``/``[n, F]`` torch calls.
+
+    ``buffer`` (``[n, F]`` float64, column 0 zero) receives the prefix rows of the levels
+    without a table in ``tables``.
+    """
+    n = mass.numel()
+    f = tree.fanout
+    depth = tree.depth
+    mass = mass.view(n, 1)
+    # Level 1 is the root's row, the same for every draw: a 1-D search, no gather.
+    node = torch.searchsorted(root, mass, right=True).sub_(1)
+    if depth > 1:
+        mass = mass - torch.take(root, node)
+    inner = None
+    for k in range(2, depth + 1):
+        at = node.view(n)
+        if plan.clamp[k] is not None:
+            at.clamp_max_(plan.clamp[k])  # a padding node reads the zero sentinel row
+        table = tables[k]
+        if table is not None:
+            prefix = table.index_select(0, at)
+        else:
+            if inner is None:
+                inner = buffer[:, 1:]
+            torch.cumsum(plan.heads[k].index_select(0, at), 1, dtype=torch.float64, out=inner)
+            prefix = buffer
+        child = torch.searchsorted(prefix, mass, right=True).sub_(1)
+        if k < depth:  # the leaf level's remainder is not needed
+            mass = mass - prefix.gather(1, child)
+        node = torch.add(child, node, alpha=f)
+    return node.view(n)

@@ -12,10 +12,10 @@ import torch
 
 import gpubuf
 from gpubuf.benchmark import report, torchrl_compat
-from gpubuf.benchmark.config import BenchConfig, parse_ops
+from gpubuf.benchmark.config import FULL, QUICK, BenchConfig, bar_for, parse_ops
 from gpubuf.benchmark.harness import run_benchmark
 from gpubuf.benchmark.timing import measure_round_robin
-from gpubuf.benchmark.workloads import RB, ROW_BYTES, TDRB, OpSpec
+from gpubuf.benchmark.workloads import PRB, RB, ROW_BYTES, TDPRB, TDRB, OpSpec
 from gpubuf.cli import main
 
 TINY = BenchConfig(
@@ -177,6 +177,8 @@ def test_parse_ops():
     assert parse_ops(None, TINY) == TINY.ops()
     assert parse_ops(["sample"], TINY) == [OpSpec("sample", 32), OpSpec("sample", 512)]
     assert parse_ops(["extend:100", "sample:64"], TINY) == [OpSpec("extend", 100), OpSpec("sample", 64)]
+    assert parse_ops(["cycle:64"], TINY) == [OpSpec("cycle", 64)]
+    assert parse_ops(["cycle"], CYCLE) == [OpSpec("cycle", 32), OpSpec("cycle", 300)]
     with pytest.raises(ValueError):
         parse_ops(["gather"], TINY)
     with pytest.raises(ValueError):
@@ -210,3 +212,80 @@ def test_cli_rejects_cuda_without_cuda(tmp_path, capsys):
         pytest.skip("CUDA is available here")
     assert main(["bench", "--device", "cuda", "--out", str(tmp_path)]) == 2
     assert "CUDA is not available" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ prioritized cycle
+CYCLE = BenchConfig(
+    name="tiny-cycle",
+    rows=2_000,
+    extend_chunks=(),
+    sample_batches=(),
+    cycle_batches=(32, 300),
+    warmup=1,
+    repeats=3,
+    min_repeats=2,
+    min_block_s=0.0,
+)
+CYCLE_PROVIDERS = {("gpubuf", TDPRB), ("torchrl", TDPRB), ("raw", None), ("gpubuf", PRB), ("torchrl", PRB)}
+
+
+@pytest.fixture(scope="module")
+def cycle_result():
+    return run_benchmark(CYCLE, device="cpu", progress=None)
+
+
+def test_cycle_rows_ratios_and_table(cycle_result):
+    assert row_ops(cycle_result) == [("cycle", 32), ("cycle", 300)]
+    for op in row_ops(cycle_result):
+        rows = [r for r in cycle_result["rows"] if (r["op"], r["size"]) == op]
+        assert {(r["provider"], r["buffer"]) for r in rows} == CYCLE_PROVIDERS
+    for row in cycle_result["rows"]:
+        assert set(row) == ROW_FIELDS
+        assert row["bytes_moved"] == 2 * row["size"] * ROW_BYTES
+        if row["provider"] != "torchrl":
+            assert row["status"] == report.OK and 0 < row["p20_s"] <= row["p50_s"] <= row["p80_s"]
+        elif row["status"] != report.OK:
+            # Here, TorchRL's C++ extension may not load: a reason, never a crash.
+            assert row["status"] == report.UNAVAILABLE and row["reason"]
+    rows = {(r["op"], r["size"], r["provider"], r["buffer"]): r for r in cycle_result["rows"]}
+    # Per op: TDPRB and PRB, each against TorchRL (same class) and raw.
+    assert len(cycle_result["ratios"]) == 2 * 2 * 2
+    for entry in cycle_result["ratios"]:
+        mine = rows[(entry["op"], entry["size"], "gpubuf", entry["buffer"])]
+        base_buffer = entry["buffer"] if entry["baseline"] == "torchrl" else None
+        base = rows[(entry["op"], entry["size"], entry["baseline"], base_buffer)]
+        if base["status"] == report.OK:
+            assert entry["ratio"] == pytest.approx(mine["p50_s"] / base["p50_s"])
+        else:
+            assert entry["ratio"] is None and "torchrl unavailable" in entry["reason"]
+    table = report.format_table(cycle_result)
+    assert "cycle 300" in table and "gpubuf TDPRB" in table and "gpubuf PRB" in table
+
+
+@pytest.mark.parametrize(
+    "error,reason",
+    [
+        (RuntimeError("SumSegmentTreeFp32 is not available"), "construction failed: RuntimeError: SumSegmentTreeFp32"),
+        (torchrl_compat.TorchRLUnavailable("extension does not load"), "extension does not load"),
+    ],
+)
+def test_cycle_torchrl_without_extension_is_unavailable(monkeypatch, error, reason):
+    def prioritized_namespace():
+        raise error
+
+    monkeypatch.setattr(torchrl_compat, "prioritized_namespace", prioritized_namespace)
+    config = BenchConfig(name="tiny", rows=500, extend_chunks=(), sample_batches=(), cycle_batches=(16,), warmup=0,
+                         repeats=2, min_repeats=1, min_block_s=0.0)  # fmt: skip
+    result = run_benchmark(config, device="cpu", progress=None)
+    torchrl_rows = _torchrl_rows(result)
+    assert len(torchrl_rows) == 2
+    assert all(r["status"] == report.UNAVAILABLE and reason in r["reason"] for r in torchrl_rows)
+    assert all(r["status"] == report.OK for r in result["rows"] if r["provider"] != "torchrl")
+
+
+def test_cycle_is_in_the_configurations_and_bars():
+    assert OpSpec("cycle", 256) in QUICK.ops()
+    assert {OpSpec("cycle", 256), OpSpec("cycle", 65_536)} <= set(FULL.ops())
+    for size in (256, 65_536):
+        bar = bar_for("cycle", size, "torchrl", TDPRB)
+        assert bar is not None and bar.max_ratio == pytest.approx(1 / 3)

@@ -92,6 +92,21 @@ def test_new_items_get_max_priority():
     assert rb.sampler.default_priority == 5.0
 
 
+def test_max_priority_follows_every_kind_of_update():
+    # After the first update the maximum moves by a shortcut on CPU; a skipped (negative)
+    # index takes the general path. Both must agree on what counts.
+    sampler = PrioritizedSampler(10, alpha=0.5, beta=1.0)
+    sampler.update_priority(torch.tensor([0, 1]), torch.tensor([2.0, 3.0]))
+    sampler.update_priority(torch.tensor([2, 3]), torch.tensor([1.0, 7.0]))
+    assert sampler.default_priority == 7.0
+    sampler.update_priority(torch.tensor([4]), torch.tensor(9))  # one integer priority
+    assert sampler.default_priority == 9.0
+    sampler.update_priority(torch.tensor([-1, 5]), torch.tensor([50.0, 1.0]))  # 50 is skipped with its index
+    assert sampler.default_priority == 9.0
+    sampler.update_priority(torch.tensor([], dtype=torch.long), torch.tensor([]))
+    assert sampler.default_priority == 9.0
+
+
 def test_max_priority_within_buffer():
     sampler = PrioritizedSampler(10, alpha=1.0, beta=1.0, eps=0.0, max_priority_within_buffer=True)
     rb = ReplayBuffer(storage=LazyTensorStorage(10), sampler=sampler)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from gpubuf.errors import DeviceMismatchError, IndexOutOfRangeError, PriorityError
+from gpubuf.ops import sumtree as sumtree_module
 from gpubuf.ops.sumtree import (
     SumTree,
     importance_weights,
@@ -175,17 +176,21 @@ def test_transform(dtype):
     assert torch.all(tree.values() == 1.0)  # 0 ** 0 == 1, as torch.pow and TorchRL have it
 
 
-def test_update_work_is_local():
-    """A batched update touches only the paths of the leaves written."""
+@pytest.mark.parametrize("update", [sumtree_update_ref, sumtree_update], ids=["twin", "cpu"])
+def test_update_work_is_local(update):
+    """A batched update rewrites the paths of the leaves written. The CPU path also rebuilds
+    whole a level with few nodes per written leaf, which costs no more than its paths."""
     tree = SumTree(4096, fanout=8)
     sumtree_update(tree, torch.arange(4096), torch.ones(4096))
-    poison_sums = tree.sums.clone()
-    # Corrupt every internal node, then update two leaves: only their ancestors are rewritten.
+    # Corrupt every internal node, then update two leaves: only the nodes rewritten lose the mark.
     tree.sums.fill_(-1.0)
-    sumtree_update(tree, torch.tensor([0, 4095]), torch.tensor([2.0, 3.0]))
-    touched = (tree.sums != -1.0).sum().item()
-    assert touched == 2 * tree.depth - 1  # two paths sharing the root
-    del poison_sums
+    update(tree, torch.tensor([0, 4095]), torch.tensor([2.0, 3.0]))
+    written = [int((tree.level(k) != -1.0).sum()) for k in range(tree.depth)]
+    if update is sumtree_update_ref:
+        assert written == [1, 2, 2, 2]  # two paths sharing the root
+    else:
+        whole = sumtree_module._WHOLE_NODES_PER_LEAF * 2
+        assert written == [m if m <= whole else 2 for m in tree.level_sizes[:-1]]
 
 
 # ------------------------------------------------------------------------------ min
@@ -258,8 +263,10 @@ def test_sample_mass_past_row_total_takes_last_positive_child():
     sumtree_update(tree, torch.tensor([1, 6]), torch.tensor([1.0, 1.0]))
     # Corrupt the root so the mass overshoots: the descent must not step into zero leaves.
     tree.sums[0] = 4.0
-    index, value = sumtree_sample_ref(tree, torch.tensor([0.99, 0.6], dtype=torch.float64))
+    u = torch.tensor([0.99, 0.6], dtype=torch.float64)
+    index, value = sumtree_sample_ref(tree, u)
     assert index.tolist() == [6, 6] and bool((value > 0).all())
+    assert all(torch.equal(x, y) for x, y in zip(sumtree_sample(tree, u), (index, value)))  # the CPU path
 
 
 def test_zero_priority_never_sampled_many_draws():
@@ -386,6 +393,100 @@ def test_ref_twin_is_the_cpu_path():
     assert torch.equal(a.leaves, b.leaves) and torch.equal(a.sums, b.sums) and torch.equal(a.mins, b.mins)
     u = torch.rand(100, dtype=torch.float64, generator=gen)
     assert all(torch.equal(x, y) for x, y in zip(sumtree_sample(a, u), sumtree_sample_ref(b, u)))
+
+
+# ------------------------------------------------------------------------------ CPU fast path
+# CPU trees run their own path (gpubuf.ops.sumtree, "CPU fast path"); the twins are its
+# specification, so every tensor it produces must equal the twin's bit for bit.
+
+
+@pytest.fixture(params=["default", "tiny"])
+def cpu_thresholds(request, monkeypatch):
+    """The fast path's size thresholds as shipped, or shrunk so that small trees take every branch:
+    whole-level rebuilds, prefix tables, draws sorted by mass, several chunks."""
+    if request.param == "tiny":
+        monkeypatch.setattr(sumtree_module, "_DESCENT_CHUNK", 7)
+        monkeypatch.setattr(sumtree_module, "_SORT_MIN_DRAWS", 5)
+        monkeypatch.setattr(sumtree_module, "_TABLE_DRAWS_PER_ROW", 1)
+        monkeypatch.setattr(sumtree_module, "_WHOLE_NODES_PER_LEAF", 1)
+    return request.param
+
+
+def _priorities(step: int, b: int, gen: torch.Generator) -> torch.Tensor:
+    if step % 4 == 1:
+        return torch.randint(0, 3, (b,), generator=gen).double()  # zeros, and equal values
+    if step % 4 == 3:
+        return torch.rand(1, generator=gen)  # one priority for all
+    # Many orders of magnitude: rounding differs between summation orders.
+    return torch.rand(b, generator=gen, dtype=torch.float64) * 10.0 ** torch.randint(-6, 6, (b,), generator=gen)
+
+
+@pytest.mark.parametrize("capacity,fanout", [(1, 32), (5, 2), (33, 32), (100, 4), (1025, 32), (4096, 16)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cpu_path_equals_twin(capacity, fanout, dtype, cpu_thresholds):
+    gen = torch.Generator().manual_seed(capacity * 31 + fanout)
+    fast, twin = SumTree(capacity, fanout=fanout, dtype=dtype), SumTree(capacity, fanout=fanout, dtype=dtype)
+    for step, b in enumerate([1, 3, capacity // 2 + 1, 3 * capacity] * 2):
+        # Negative indices, duplicates (b up to 3x the capacity), partly written trees.
+        index = torch.randint(-1 if step % 3 == 0 else 0, capacity, (b,), generator=gen)
+        priority = _priorities(step, b, gen)
+        eps = 1e-8 if step % 2 else 0.0
+        sumtree_update(fast, index, priority, alpha=0.6, eps=eps)
+        sumtree_update_ref(twin, index, priority, alpha=0.6, eps=eps)
+        assert _same(fast, twin), f"update {step} (B={b})"
+        for n in (1, 6, 40):
+            u = torch.rand(n, generator=gen, dtype=torch.float64)
+            u[0] = 1.0 - 2.0**-53 if step % 2 else 0.0  # the ends of the mass range
+            for stratified in (False, True):
+                got = sumtree_sample(fast, u, stratified=stratified)
+                want = sumtree_sample_ref(twin, u, stratified=stratified)
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"sample {step}, n={n}"
+
+
+def test_cpu_path_large_batches_equal_twin():
+    """The shipped thresholds at scale: chunks, draws sorted by mass, whole-level rebuilds."""
+    gen = torch.Generator().manual_seed(17)
+    capacity = 2**15
+    fast, twin = SumTree(capacity), SumTree(capacity)
+    for step in range(3):
+        b = 40_000
+        index = torch.randint(-1, capacity, (b,), generator=gen)
+        priority = _priorities(step, b, gen)
+        sumtree_update(fast, index, priority, alpha=0.7, eps=1e-8)
+        sumtree_update_ref(twin, index, priority, alpha=0.7, eps=1e-8)
+        assert _same(fast, twin)
+        u = torch.rand(b, generator=gen, dtype=torch.float64)
+        got, want = sumtree_sample(fast, u), sumtree_sample_ref(twin, u)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("capacity,fanout", [(5, 4), (70, 4), (1000, 8)])
+def test_cpu_path_overshoot_into_padding(capacity, fanout, cpu_thresholds):
+    """A mass past a row's total takes the row's last child, a padding node when the level's
+    last row is not full: the descent must read the zero sentinel row there, as the twin does."""
+    tree = SumTree(capacity, fanout=fanout)
+    sumtree_update(tree, torch.arange(capacity), torch.ones(capacity))
+    tree.sums[0] = 3.0 * capacity  # a root larger than its children: high masses overshoot
+    u = torch.linspace(0.0, 1.0 - 2.0**-53, 50, dtype=torch.float64)
+    got, want = sumtree_sample(tree, u), sumtree_sample_ref(tree, u)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert bool((got[1] > 0).all())
+
+
+def test_cpu_path_without_validation_still_skips_negative_indices():
+    tree = SumTree(10, fanout=4)
+    sumtree_update(tree, torch.tensor([-1, 2, 2, -3]), torch.tensor([5.0, 1.0, 2.0, 9.0]), validate=False)
+    assert tree.total().item() == 2.0 and tree.values()[2].item() == 2.0
+
+
+def test_cpu_path_overflow_check_near_the_bound():
+    """The host-side overflow bound is conservative: near it, the exact check decides."""
+    tree = SumTree(4, fanout=2)
+    sumtree_update(tree, torch.tensor([0]), torch.tensor([1e19]), alpha=2.0)  # 1e38: finite in float32
+    assert tree.values()[0].item() == pytest.approx(1e38, rel=1e-6)
+    with pytest.raises(PriorityError, match="overflows"):
+        sumtree_update(tree, torch.tensor([1]), torch.tensor([2e19]), alpha=2.0)  # 4e38: past float32
+    assert tree.values()[1].item() == 0.0
 
 
 # ------------------------------------------------------------------------------ bad input
