@@ -39,7 +39,12 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--rows", type=int, help="override N, the buffer's rows (printed as a note)")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch CPU threads (default on CPU: 1, steadier when other processes share the cores; "
+        "on CUDA: torch's own choice)",
+    )
     parser.set_defaults(func=run)
     return parser
 
@@ -63,10 +68,16 @@ def run(args: argparse.Namespace) -> int:
         ops = parse_ops(args.ops, config)
     except ValueError as err:
         return _fail(str(err))
-    if args.threads is not None:
-        if args.threads <= 0:
-            return _fail(f"--threads must be positive, got {args.threads}")
-        torch.set_num_threads(args.threads)
+    threads = args.threads
+    if threads is None and device.type == "cpu":
+        # Multi-threaded CPU ops stall whenever another process holds a core (their threads wait
+        # for each other), which turns side-by-side ratios into scheduler noise; one thread per
+        # provider keeps the comparison about the code.
+        threads = 1
+    if threads is not None:
+        if threads <= 0:
+            return _fail(f"--threads must be positive, got {threads}")
+        torch.set_num_threads(threads)
 
     result = run_benchmark(config, device=device, ops=ops, include_torchrl=not args.no_torchrl, progress=stderr_progress)
     print(report.format_table(result), flush=True)
