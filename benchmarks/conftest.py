@@ -76,3 +76,44 @@ def bench_provider(pytestconfig, bench_data):
     yield get
     for provider in built.values():
         provider.close()
+
+
+@pytest.fixture
+def run_provider_op(benchmark, bench_provider, bench_data, bench_rows, bench_device):
+    """Times one provider on one op with pytest-benchmark, the body every ``bench_*`` test shares.
+
+    The returned function builds the provider's call (an optional provider that cannot run is
+    skipped with the reason; a required one failing is an error), waits for CUDA kernels inside
+    the timed call so they are counted, and records the op's sizes in ``extra_info``.
+    """
+
+    def run(op, provider_label: str) -> None:
+        provider = bench_provider(provider_label)
+        with torchrl_compat.quiet_logs():
+            call, reason = torchrl_compat.attempt(lambda: provider.make_call(op, bench_data), "construction")
+            if reason is None:
+                _, reason = torchrl_compat.attempt(call, "first call")
+        if reason is not None:
+            if not provider.optional:
+                raise AssertionError(f"{provider_label} failed on {op.label}: {reason}")
+            pytest.skip(f"{provider_label} cannot {op.label}: {reason}")
+        if bench_device.type == "cuda":
+            # pytest-benchmark reads a host clock: wait for the kernels so they are counted.
+            def timed() -> None:
+                call()
+                torch.cuda.synchronize()
+
+        else:
+            timed = call
+        benchmark.group = f"{op.label} (N={bench_rows:,})"
+        benchmark.extra_info.update(
+            provider=provider.library,
+            buffer=provider.buffer,
+            rows=bench_rows,
+            bytes_moved=op.bytes_moved,
+            items=op.items,
+            device=str(bench_device),
+        )
+        benchmark(timed)
+
+    return run
