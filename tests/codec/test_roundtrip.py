@@ -13,19 +13,8 @@ from gpubuf.codec.format import RowGeometry
 from gpubuf.ops.decode_rows import decode_rows, decode_rows_ref
 
 from codec_helpers import make_table
+from helpers import DTYPES
 
-DTYPES = [
-    torch.bool,
-    torch.uint8,
-    torch.int8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-]
 SHAPES = [(), (1,), (7,), (3, 5), (2, 4, 9), (4, 1, 1), (1, 300), (2, 3, 513)]
 
 
