@@ -445,6 +445,11 @@ def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--top", type=int, default=ProfileConfig.top, help="rows of the table")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-trace", action="store_true", help="do not write the chrome trace")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch CPU threads (default on CPU: 1, as gpubuf bench; on CUDA: torch's own choice)",
+    )
     return parser
 
 
@@ -471,9 +476,17 @@ def run_profile(args: argparse.Namespace) -> int:
         0 on success, 2 when the workload cannot run here (the reason is printed).
     """
     try:
+        device = _resolve_device(args.device)
+        threads = args.threads if args.threads is not None else (1 if device.type == "cpu" else None)
+        if threads is not None:
+            if threads <= 0:
+                raise ValueError(f"--threads must be positive, got {threads}")
+            # Multi-threaded CPU ops stall when another process holds a core; one thread keeps
+            # the table about the code, not the scheduler.
+            torch.set_num_threads(threads)
         config = ProfileConfig(
             workload=args.workload,
-            device=_resolve_device(args.device),
+            device=device,
             rows=args.rows,
             batch_size=args.batch_size,
             steps=args.steps,
