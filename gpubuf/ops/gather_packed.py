@@ -11,6 +11,7 @@ by one call: one Triton launch on CUDA, one shared plan of block copies on CPU.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -130,13 +131,16 @@ def _gather_blocks(
     holds its first token, as one row of a sliding-window view of the values (``as_strided``
     with a stride of one token): one ``index_select`` per source moves nearly everything. A
     block that a row boundary cuts reads on past the end of its row. Rows have at least
-    ``block`` tokens, so such a block holds the end of one row and the start of the next only;
-    these blocks (at most one per row) are rebuilt from a per-token index and copied over
-    whole, with one more ``index_select`` and one ``index_copy_`` of blocks.
+    ``block`` tokens, so the tokens it got wrong are all covered by the first ``block`` tokens
+    of the next row (and, where a read had to be moved back from the values' end, by the last
+    ``block`` tokens of its own row): one more ``index_select`` of those blocks and one
+    ``index_copy_`` into a sliding-window view of the output put them right. Whole blocks
+    rather than single tokens keep both the plan and the copies at one entry per cut.
     """
     m = values[0].shape[0]
-    src, cut, fix_src = (
-        torch.from_numpy(a).to(values[0].device)
+    device = values[0].device
+    src, fix_dst, fix_src = (
+        torch.from_numpy(a) if device.type == "cpu" else torch.from_numpy(a).to(device)
         for a in _block_plan(starts, index, offsets, total, block, m)
     )
     n_blocks = src.shape[0]
@@ -144,41 +148,64 @@ def _gather_blocks(
     for v in values:
         if not v.is_contiguous():
             v = v.contiguous()
-        width = v[0].numel()
+        trail = v.shape[1:]
+        width = math.prod(trail)
         # Window rows overlap (a stride of one token), which reading allows.
         window = v.as_strided((m - block + 1, block * width), (width, 1))
         blocks = window.index_select(0, src)
-        if cut.numel():
-            blocks.index_copy_(0, cut, v.index_select(0, fix_src).view(cut.numel(), block * width))
-        outs.append(blocks.view(n_blocks * block, *v.shape[1:])[:total])
+        if fix_dst.shape[0]:
+            # Fix blocks may overlap one another, but only where they carry the same tokens,
+            # so the order of the writes does not matter.
+            out_window = blocks.as_strided((n_blocks * block - block + 1, block * width), (width, 1))
+            out_window.index_copy_(0, fix_dst, window.index_select(0, fix_src))
+        outs.append(blocks.view(n_blocks * block, *trail)[:total])
     return outs
 
 
 def _block_plan(
     starts: torch.Tensor, index: torch.Tensor, offsets: torch.Tensor, total: int, block: int, m: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Where each block reads (``src``), which blocks are cut (``cut``) and their per-token sources.
+    """Where each block reads (``src``), and the fix-up blocks: output (``fix_dst``) and source (``fix_src``) tokens.
 
     Index arithmetic over B rows and T / block blocks, done in NumPy on the host: at these sizes
-    a torch op's dispatch costs more than its work, and there are a score of them.
+    a torch op's dispatch costs more than its work, and every NumPy call counts too.
+
+    Fix-up blocks: for every row ``b`` whose end ``e`` falls inside a block, the next row's first
+    ``block`` tokens (output ``[e, e + block)``); and, when the cut block's read had to be moved
+    back to stay inside the values, row ``b``'s last ``block`` tokens (output ``[e - block, e)``).
+    Both lie inside one row (rows have at least ``block`` tokens) and so are read correctly.
     """
     off = offsets.cpu().numpy()
-    # shift[b]: source position minus output position, the same for every token of row b.
-    shift = starts.index_select(0, index).cpu().numpy() - off[:-1]
+    if starts.device.type == "cpu":
+        row_starts = starts.numpy()[index.numpy()]
+    else:
+        row_starts = starts.index_select(0, index).cpu().numpy()
     ends = off[1:]
-    first = np.arange(0, -(-total // block) * block, block, dtype=np.int64)
-    # The row holding each block's first token: the number of rows ending at or before it.
-    row = np.searchsorted(ends, first, side="right")
-    # A block that would run past the values' end is a cut block, rebuilt below: clamp its read.
-    src = np.minimum(shift[row] + first, m - block)
-    left = np.flatnonzero(ends % block)  # rows whose end falls inside a block
-    end_left = ends[left]
-    cut = end_left // block
-    tokens = (cut * block)[:, None] + np.arange(block, dtype=np.int64)
-    right = np.minimum(left + 1, len(ends) - 1)  # past the last row: garbage, cut off by the caller
-    fix = np.where(tokens < end_left[:, None], shift[left][:, None], shift[right][:, None]) + tokens
-    np.clip(fix, 0, m - 1, out=fix)
-    return src, cut, fix.reshape(-1)
+    n_rows = ends.shape[0]
+    log_block = block.bit_length() - 1  # block is a power of two
+    # shift[b]: source position minus output position, the same for every token of row b.
+    shift = row_starts - off[:-1]
+    # The row holding each block's first token: blocks starting in row b are those from
+    # ceil(off[b] / block) to ceil(ends[b] / block), so a repeat builds it without a search.
+    first_block = (off + (block - 1)) >> log_block
+    row = np.repeat(np.arange(n_rows, dtype=np.int64), first_block[1:] - first_block[:-1])
+    src = shift[row]
+    src += np.arange(0, src.shape[0] << log_block, block, dtype=np.int64)
+    left = np.nonzero(ends & (block - 1))[0]  # rows whose end falls inside a block
+    # Every such row but the last has a next row, whose head repairs the cut block.
+    head = left[:-1] if left.shape[0] and left[-1] == n_rows - 1 else left
+    fix_dst = ends[head]
+    fix_src = row_starts[head + 1]
+    if src.max(initial=0) > m - block:
+        # A block that would run past the values' end is read from earlier; the rows whose cut
+        # block was moved then rewrite their last block from inside the row.
+        over = src > m - block
+        np.minimum(src, m - block, out=src)
+        moved = left[over[ends[left] >> log_block]]
+        tail_end = ends[moved]
+        fix_dst = np.concatenate([fix_dst, tail_end - block])
+        fix_src = np.concatenate([fix_src, shift[moved] + tail_end - block])
+    return src, fix_dst, fix_src
 
 
 def _token_index(

@@ -30,7 +30,7 @@ try:  # the direct constructor of jagged tensors, see jagged()
 except ImportError:  # pragma: no cover - depends on the torch version
     _NestedTensor = None
 
-__all__ = ["RaggedLeaf", "RaggedSchema", "Columns", "item_count", "jagged"]
+__all__ = ["RaggedLeaf", "RaggedSchema", "Columns", "item_count", "jagged", "jagged_many"]
 
 
 @dataclass(frozen=True)
@@ -416,13 +416,30 @@ def jagged(values: torch.Tensor, offsets: torch.Tensor, min_length: int, max_len
     (``input_ids * attention_mask``). ``min_length``/``max_length`` are recorded for kernels such
     as scaled-dot-product attention, which would otherwise synchronise to compute them.
     """
+    return jagged_many([values], offsets, min_length, max_length)[0]
+
+
+def jagged_many(
+    values: Sequence[torch.Tensor], offsets: torch.Tensor, min_length: int, max_length: int
+) -> list[torch.Tensor]:
+    """:func:`jagged` for several leaves that share ``offsets``: one nested tensor per leaf.
+
+    The recorded sequence lengths are built once and shared (each tensor keeps its own cache
+    dict), since they describe the shared offsets.
+    """
     if _NestedTensor is not None:
         try:
             # The public constructor goes through torch-function dispatch to build a view, three
             # times the cost of the tensor itself; the values here are fresh gather outputs with no
             # autograd history, so constructing the tensor directly is equivalent.
-            cache = {"min_seqlen": _store_val_in_tensor(min_length), "max_seqlen": _store_val_in_tensor(max_length)}
-            return _NestedTensor(values, offsets, _ragged_idx=1, _metadata_cache=cache)
+            lo, hi = _store_val_in_tensor(min_length), _store_val_in_tensor(max_length)
+            return [
+                _NestedTensor(v, offsets, _ragged_idx=1, _metadata_cache={"min_seqlen": lo, "max_seqlen": hi})
+                for v in values
+            ]
         except Exception:  # a torch whose private constructor changed: use the public one
             pass
-    return torch.nested.nested_tensor_from_jagged(values, offsets, min_seqlen=min_length, max_seqlen=max_length)
+    return [
+        torch.nested.nested_tensor_from_jagged(v, offsets, min_seqlen=min_length, max_seqlen=max_length)
+        for v in values
+    ]

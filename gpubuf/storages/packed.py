@@ -29,7 +29,7 @@ import torch
 
 from gpubuf.errors import EmptyBufferError, IndexOutOfRangeError, SchemaMismatchError
 from gpubuf.ops.gather_packed import gather_packed_trusted
-from gpubuf.storages._ragged import Columns, RaggedSchema, item_count, jagged
+from gpubuf.storages._ragged import Columns, RaggedSchema, item_count, jagged_many
 from gpubuf.storages.base import Storage, check_max_size
 from gpubuf.storages.tensor import _is_int
 
@@ -357,18 +357,30 @@ class PackedStorage(Storage):
         schema = self._schema
         out: list = [None] * len(schema.leaves)
         batch = index.shape[0]
+        # On the host the batch's offsets are a few NumPy operations over B rows: a handful of
+        # torch ops (and a synchronising read) would cost several times as much.
+        host_index = index.numpy() if index.device.type == "cpu" else None
         for group in self._groups:
-            lengths = group.lengths.index_select(0, index)
-            offsets = torch.zeros(batch + 1, dtype=torch.int64, device=index.device)
-            torch.cumsum(lengths, 0, out=offsets[1:])
-            if batch:
-                # One synchronisation per group gives the output size and whether rows are ragged.
-                total, lo, hi = torch.stack([offsets[-1], *torch.aminmax(lengths)]).tolist()
+            if host_index is not None:
+                offsets = torch.empty(batch + 1, dtype=torch.int64)
+                off = offsets.numpy()
+                off[0] = 0
+                lengths = group.lengths.numpy()[host_index]
+                np.cumsum(lengths, out=off[1:])
+                total, lo, hi = (int(off[-1]), int(lengths.min()), int(lengths.max())) if batch else (0, 0, 0)
             else:
-                total = lo = hi = 0
+                lengths = group.lengths.index_select(0, index)
+                offsets = torch.zeros(batch + 1, dtype=torch.int64, device=index.device)
+                torch.cumsum(lengths, 0, out=offsets[1:])
+                if batch:
+                    # One synchronisation per group gives the output size and whether rows are ragged.
+                    total, lo, hi = torch.stack([offsets[-1], *torch.aminmax(lengths)]).tolist()
+                else:
+                    total = lo = hi = 0
             values, _ = gather_packed_trusted(
                 group.values, group.starts, group.lengths, index, offsets=offsets, total=total, min_length=lo, max_length=hi
             )
+            ragged = []
             for leaf_pos, v in zip(group.leaves, values):
                 leaf = schema.leaves[leaf_pos]
                 if leaf.scalar:
@@ -376,7 +388,12 @@ class PackedStorage(Storage):
                 elif lo == hi:
                     out[leaf_pos] = v.view(batch, lo, *leaf.trail)
                 else:
-                    out[leaf_pos] = jagged(v, offsets, lo, hi)
+                    ragged.append((leaf_pos, v))
+            if ragged:
+                # One call for the group: its leaves share the offsets and the recorded lengths.
+                nested = jagged_many([v for _, v in ragged], offsets, lo, hi)
+                for (leaf_pos, _), t in zip(ragged, nested):
+                    out[leaf_pos] = t
         objects = []
         if self._objects:
             rows = index.tolist()

@@ -128,6 +128,26 @@ def test_block_copy_matches_brute_force(block, trail, dtype, gen):
     assert got[0].is_contiguous() and torch.equal(got[0], want[0])
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_block_copy_fix_ups_match_brute_force(seed):
+    """Cut blocks are repaired by head and tail blocks: rows ending the values, back to back, repeated."""
+    gen = torch.Generator().manual_seed(seed)
+    block = [8, 16, 32, 64][seed % 4]
+    n = 12
+    lengths = torch.randint(block, 3 * block + 2, (n,), generator=gen)
+    lengths[: seed % 3] = block  # rows of exactly one block
+    starts = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)[:-1]])
+    m = int(lengths.sum())
+    values = [torch.randint(-1000, 1000, (m,), generator=gen), torch.randint(0, 2, (m, 3), generator=gen).bool()]
+    index = torch.randint(0, n, (30,), generator=gen)
+    index[torch.randint(0, 30, (6,), generator=gen)] = n - 1  # the last row: its reads are moved back
+    offsets = packed_offsets(lengths, index)
+    got = _gather_blocks(values, starts, lengths, index, offsets, int(offsets[-1]), block)
+    want, _ = _brute_force(values, starts, lengths, index)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
 def test_block_copy_of_non_contiguous_values(gen):
     values, starts, lengths = _store(5, 40, [(4,)], [torch.float32], gen)
     lengths.clamp_(min=8)
