@@ -9,6 +9,7 @@ from tensordict import TensorDictBase, is_tensorclass
 
 from gpubuf.buffers.base import ReplayBuffer
 from gpubuf.errors import UnsupportedDataError
+from gpubuf.samplers.base import Sampler
 from gpubuf.storages.tensor import TensorStorage
 from gpubuf.writers import TensorDictRoundRobinWriter
 
@@ -105,9 +106,8 @@ class TensorDictReplayBuffer(ReplayBuffer):
 
         A no-op for samplers without priorities.
         """
-        if not hasattr(self._sampler, "update_priority") or type(self._sampler).update_priority is getattr(
-            __import__("gpubuf.samplers.base", fromlist=["Sampler"]).Sampler, "update_priority"
-        ):
+        # Samplers without priorities keep the base class's no-op update_priority.
+        if type(self._sampler).update_priority is Sampler.update_priority:
             return
         priority = data.get(self.priority_key, None)
         if priority is None:
