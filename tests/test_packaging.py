@@ -35,6 +35,7 @@ def test_wheel_ships_gpubuf_and_gpubuf_kernels_only(tmp_path):
     assert top == {"gpubuf", "gpubuf_kernels"}
     names = zipfile.ZipFile(wheel).namelist()
     assert "gpubuf_kernels/gather.py" in names
+    assert "gpubuf_kernels/cpu/sumtree.py" in names
     # every source folder of the package ships (a forgotten subpackage breaks installed copies only)
     shipped = {name.rsplit("/", 1)[0] for name in names if name.endswith(".py")}
     for init in (ROOT / "gpubuf").rglob("*.py"):
@@ -67,6 +68,44 @@ def test_import_gpubuf_without_triton_or_gpu():
     result = subprocess.run([sys.executable, "-c", BLOCK_TRITON], capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+BLOCK_NUMBA = """
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "numba" or name.startswith("numba."):
+            raise ImportError("numba is blocked in this test")
+sys.meta_path.insert(0, Block())
+import torch
+import gpubuf
+from gpubuf.ops._dispatch import resolve_backend
+from gpubuf.errors import BackendUnavailableError
+assert resolve_backend(torch.zeros(1), "auto", has_cpu_kernel=True) == "torch"
+try:
+    resolve_backend(torch.zeros(1), "numba", has_cpu_kernel=True)
+    raise SystemExit("backend='numba' without numba did not raise")
+except BackendUnavailableError:
+    pass
+rb = gpubuf.PrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=gpubuf.LazyTensorStorage(64), batch_size=8)
+rb.extend(torch.arange(40.0))
+batch, info = rb.sample(return_info=True)
+rb.update_priority(info["index"], torch.rand(8))
+assert "numba" not in sys.modules
+print("ok")
+"""
+
+
+def test_prioritized_buffer_without_numba_uses_the_torch_path():
+    result = subprocess.run([sys.executable, "-c", BLOCK_NUMBA], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
+
+
+def test_import_gpubuf_does_not_import_numba():
+    code = "import sys, gpubuf; assert 'numba' not in sys.modules; print('ok')"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
 
 
 @pytest.mark.parametrize("name", ["ReplayBuffer", "TensorDictReplayBuffer", "LazyTensorStorage", "TensorStorage",

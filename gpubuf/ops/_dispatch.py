@@ -1,10 +1,12 @@
-"""Choosing between a Triton kernel and its torch twin.
+"""Choosing between a Triton kernel, a compiled CPU kernel and the torch twin.
 
 Dispatch follows the tensor, never the machine: a CUDA tensor goes to Triton, a CPU tensor to
-the twin. ``backend="triton"`` on a tensor Triton cannot run on raises
+the op's compiled CPU kernel (``gpubuf_kernels.cpu``, Numba) where the op has one and Numba
+imports, else to the twin. ``backend="triton"`` or ``"numba"`` where that cannot run raises
 :class:`~gpubuf.errors.BackendUnavailableError`; ``"auto"`` never warns. Tests run the Triton
 kernels on CPU tensors through Triton's interpreter (``TRITON_INTERPRET=1``), which this module
-honours for an explicit ``backend="triton"``.
+honours for an explicit ``backend="triton"``. ``GPUBUF_NUMBA=0`` in the environment keeps
+``"auto"`` off the CPU kernels (the twins then run, as without Numba).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import torch
 
 from gpubuf.errors import BackendUnavailableError
 
-Backend = Literal["auto", "torch", "triton"]
-BACKENDS = ("auto", "torch", "triton")
+Backend = Literal["auto", "torch", "triton", "numba"]
+BACKENDS = ("auto", "torch", "triton", "numba")
 
 
 def interpreter_enabled() -> bool:
@@ -36,19 +38,50 @@ def _triton_importable() -> bool:
     return True
 
 
-def resolve_backend(tensor: torch.Tensor, backend: str) -> str:
-    """Returns ``"torch"`` or ``"triton"`` for an op whose data lives where ``tensor`` lives.
+@functools.lru_cache(maxsize=None)
+def numba_importable() -> bool:
+    """True when Numba imports (the optional ``gpubuf[cpu]`` dependency)."""
+    try:
+        importlib.import_module("numba")
+    except Exception:  # ImportError, or a Numba that does not match this NumPy
+        return False
+    return True
+
+
+def numba_enabled() -> bool:
+    """True when ``"auto"`` may pick the CPU kernels: Numba imports and ``GPUBUF_NUMBA`` is not ``0``."""
+    return os.environ.get("GPUBUF_NUMBA", "1") != "0" and numba_importable()
+
+
+def resolve_backend(tensor: torch.Tensor, backend: str, *, has_cpu_kernel: bool = False) -> str:
+    """Returns ``"torch"``, ``"triton"`` or ``"numba"`` for an op whose data lives where ``tensor`` lives.
+
+    Args:
+        tensor: the op's main operand; its device decides.
+        backend: ``"auto"``, ``"torch"``, ``"triton"`` or ``"numba"``.
+        has_cpu_kernel: the op has a kernel in ``gpubuf_kernels.cpu``.
 
     Raises:
-        ValueError: ``backend`` is not one of ``"auto"``, ``"torch"``, ``"triton"``.
-        BackendUnavailableError: ``backend="triton"`` for a tensor Triton cannot run on here.
+        ValueError: ``backend`` is not one of :data:`BACKENDS`.
+        BackendUnavailableError: ``backend="triton"`` for a tensor Triton cannot run on here, or
+            ``backend="numba"`` for an op without a CPU kernel, a non-CPU tensor or no Numba.
     """
     if backend == "torch":
         return "torch"
     if backend == "auto":
         if tensor.is_cuda and _triton_importable():
             return "triton"
+        if has_cpu_kernel and tensor.device.type == "cpu" and numba_enabled():
+            return "numba"
         return "torch"
+    if backend == "numba":
+        if not has_cpu_kernel:
+            raise BackendUnavailableError("backend='numba' was requested but this op has no CPU kernel")
+        if tensor.device.type != "cpu":
+            raise BackendUnavailableError(f"backend='numba' runs on CPU tensors only, got one on {tensor.device}")
+        if not numba_importable():
+            raise BackendUnavailableError("backend='numba' was requested but numba cannot be imported (pip install gpubuf[cpu])")
+        return "numba"
     if backend == "triton":
         if not _triton_importable():
             raise BackendUnavailableError("backend='triton' was requested but triton cannot be imported")

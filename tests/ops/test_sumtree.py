@@ -176,17 +176,20 @@ def test_transform(dtype):
     assert torch.all(tree.values() == 1.0)  # 0 ** 0 == 1, as torch.pow and TorchRL have it
 
 
-@pytest.mark.parametrize("update", [sumtree_update_ref, sumtree_update], ids=["twin", "cpu"])
-def test_update_work_is_local(update):
-    """A batched update rewrites the paths of the leaves written. The CPU path also rebuilds
-    whole a level with few nodes per written leaf, which costs no more than its paths."""
+@pytest.mark.parametrize("which", ["twin", "torch", "numba"])
+def test_update_work_is_local(which):
+    """A batched update rewrites the paths of the leaves written. The torch CPU path also
+    rebuilds whole a level with few nodes per written leaf, which costs no more than its paths."""
     tree = SumTree(4096, fanout=8)
     sumtree_update(tree, torch.arange(4096), torch.ones(4096))
     # Corrupt every internal node, then update two leaves: only the nodes rewritten lose the mark.
     tree.sums.fill_(-1.0)
-    update(tree, torch.tensor([0, 4095]), torch.tensor([2.0, 3.0]))
+    if which == "twin":
+        sumtree_update_ref(tree, torch.tensor([0, 4095]), torch.tensor([2.0, 3.0]))
+    else:
+        sumtree_update(tree, torch.tensor([0, 4095]), torch.tensor([2.0, 3.0]), backend=which)
     written = [int((tree.level(k) != -1.0).sum()) for k in range(tree.depth)]
-    if update is sumtree_update_ref:
+    if which != "torch":
         assert written == [1, 2, 2, 2]  # two paths sharing the root
     else:
         whole = sumtree_module._WHOLE_NODES_PER_LEAF * 2
@@ -395,9 +398,15 @@ def test_ref_twin_is_the_cpu_path():
     assert all(torch.equal(x, y) for x, y in zip(sumtree_sample(a, u), sumtree_sample_ref(b, u)))
 
 
-# ------------------------------------------------------------------------------ CPU fast path
-# CPU trees run their own path (gpubuf.ops.sumtree, "CPU fast path"); the twins are its
-# specification, so every tensor it produces must equal the twin's bit for bit.
+# ------------------------------------------------------------------------------ CPU paths
+# CPU trees run the compiled kernels (gpubuf_kernels.cpu.sumtree, with Numba) or a torch path
+# of their own (gpubuf.ops.sumtree, "CPU fast path"); the twins are their specification, so
+# every tensor either produces must equal the twin's bit for bit.
+
+
+@pytest.fixture(params=["torch", "numba"])
+def cpu_backend(request):
+    return request.param
 
 
 @pytest.fixture(params=["default", "tiny"])
@@ -423,7 +432,7 @@ def _priorities(step: int, b: int, gen: torch.Generator) -> torch.Tensor:
 
 @pytest.mark.parametrize("capacity,fanout", [(1, 32), (5, 2), (33, 32), (100, 4), (1025, 32), (4096, 16)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_cpu_path_equals_twin(capacity, fanout, dtype, cpu_thresholds):
+def test_cpu_path_equals_twin(capacity, fanout, dtype, cpu_thresholds, cpu_backend):
     gen = torch.Generator().manual_seed(capacity * 31 + fanout)
     fast, twin = SumTree(capacity, fanout=fanout, dtype=dtype), SumTree(capacity, fanout=fanout, dtype=dtype)
     for step, b in enumerate([1, 3, capacity // 2 + 1, 3 * capacity] * 2):
@@ -431,19 +440,19 @@ def test_cpu_path_equals_twin(capacity, fanout, dtype, cpu_thresholds):
         index = torch.randint(-1 if step % 3 == 0 else 0, capacity, (b,), generator=gen)
         priority = _priorities(step, b, gen)
         eps = 1e-8 if step % 2 else 0.0
-        sumtree_update(fast, index, priority, alpha=0.6, eps=eps)
+        sumtree_update(fast, index, priority, alpha=0.6, eps=eps, backend=cpu_backend)
         sumtree_update_ref(twin, index, priority, alpha=0.6, eps=eps)
         assert _same(fast, twin), f"update {step} (B={b})"
         for n in (1, 6, 40):
             u = torch.rand(n, generator=gen, dtype=torch.float64)
             u[0] = 1.0 - 2.0**-53 if step % 2 else 0.0  # the ends of the mass range
             for stratified in (False, True):
-                got = sumtree_sample(fast, u, stratified=stratified)
+                got = sumtree_sample(fast, u, stratified=stratified, backend=cpu_backend)
                 want = sumtree_sample_ref(twin, u, stratified=stratified)
                 assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), f"sample {step}, n={n}"
 
 
-def test_cpu_path_large_batches_equal_twin():
+def test_cpu_path_large_batches_equal_twin(cpu_backend):
     """The shipped thresholds at scale: chunks, draws sorted by mass, whole-level rebuilds."""
     gen = torch.Generator().manual_seed(17)
     capacity = 2**15
@@ -452,40 +461,40 @@ def test_cpu_path_large_batches_equal_twin():
         b = 40_000
         index = torch.randint(-1, capacity, (b,), generator=gen)
         priority = _priorities(step, b, gen)
-        sumtree_update(fast, index, priority, alpha=0.7, eps=1e-8)
+        sumtree_update(fast, index, priority, alpha=0.7, eps=1e-8, backend=cpu_backend)
         sumtree_update_ref(twin, index, priority, alpha=0.7, eps=1e-8)
         assert _same(fast, twin)
         u = torch.rand(b, generator=gen, dtype=torch.float64)
-        got, want = sumtree_sample(fast, u), sumtree_sample_ref(twin, u)
+        got, want = sumtree_sample(fast, u, backend=cpu_backend), sumtree_sample_ref(twin, u)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 @pytest.mark.parametrize("capacity,fanout", [(5, 4), (70, 4), (1000, 8)])
-def test_cpu_path_overshoot_into_padding(capacity, fanout, cpu_thresholds):
+def test_cpu_path_overshoot_into_padding(capacity, fanout, cpu_thresholds, cpu_backend):
     """A mass past a row's total takes the row's last child, a padding node when the level's
     last row is not full: the descent must read the zero sentinel row there, as the twin does."""
     tree = SumTree(capacity, fanout=fanout)
-    sumtree_update(tree, torch.arange(capacity), torch.ones(capacity))
+    sumtree_update(tree, torch.arange(capacity), torch.ones(capacity), backend=cpu_backend)
     tree.sums[0] = 3.0 * capacity  # a root larger than its children: high masses overshoot
     u = torch.linspace(0.0, 1.0 - 2.0**-53, 50, dtype=torch.float64)
-    got, want = sumtree_sample(tree, u), sumtree_sample_ref(tree, u)
+    got, want = sumtree_sample(tree, u, backend=cpu_backend), sumtree_sample_ref(tree, u)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert bool((got[1] > 0).all())
 
 
-def test_cpu_path_without_validation_still_skips_negative_indices():
+def test_cpu_path_without_validation_still_skips_negative_indices(cpu_backend):
     tree = SumTree(10, fanout=4)
-    sumtree_update(tree, torch.tensor([-1, 2, 2, -3]), torch.tensor([5.0, 1.0, 2.0, 9.0]), validate=False)
+    sumtree_update(tree, torch.tensor([-1, 2, 2, -3]), torch.tensor([5.0, 1.0, 2.0, 9.0]), validate=False, backend=cpu_backend)
     assert tree.total().item() == 2.0 and tree.values()[2].item() == 2.0
 
 
-def test_cpu_path_overflow_check_near_the_bound():
+def test_cpu_path_overflow_check_near_the_bound(cpu_backend):
     """The host-side overflow bound is conservative: near it, the exact check decides."""
     tree = SumTree(4, fanout=2)
-    sumtree_update(tree, torch.tensor([0]), torch.tensor([1e19]), alpha=2.0)  # 1e38: finite in float32
+    sumtree_update(tree, torch.tensor([0]), torch.tensor([1e19]), alpha=2.0, backend=cpu_backend)  # 1e38: finite in float32
     assert tree.values()[0].item() == pytest.approx(1e38, rel=1e-6)
     with pytest.raises(PriorityError, match="overflows"):
-        sumtree_update(tree, torch.tensor([1]), torch.tensor([2e19]), alpha=2.0)  # 4e38: past float32
+        sumtree_update(tree, torch.tensor([1]), torch.tensor([2e19]), alpha=2.0, backend=cpu_backend)  # 4e38: past float32
     assert tree.values()[1].item() == 0.0
 
 

@@ -1,0 +1,11 @@
+"""CPU kernels: compiled loops (Numba) for the ops whose torch twins cost more in dispatch than in work.
+
+A CPU sum-tree update or descent of a few hundred entries is dozens of small torch calls, each
+a few microseconds of dispatch around well under a microsecond of work; TorchRL runs these in
+C++. The kernels here are the same loops compiled with Numba (optional: ``pip install
+gpubuf[cpu]``). They return what the twins return, bit for bit, and the twins stay the
+specification, the fallback where Numba is missing, and the test oracle.
+
+Numba compiles each kernel on first use and caches the machine code on disk (``cache=True``),
+so later processes load it in milliseconds. Nothing is imported or compiled when ``gpubuf`` is.
+"""

@@ -1,0 +1,67 @@
+"""Backend choice: by the tensor's device, the op's kernels, Numba's presence and GPUBUF_NUMBA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpubuf.errors import BackendUnavailableError
+from gpubuf.ops import _dispatch
+from gpubuf.ops._dispatch import resolve_backend
+from gpubuf.ops.gather_rows import gather_rows
+from gpubuf.ops.sumtree import SumTree, sumtree_sample, sumtree_update
+
+pytest.importorskip("numba")
+
+
+def test_auto_picks_the_cpu_kernel_only_for_ops_that_have_one():
+    cpu = torch.zeros(1)
+    assert resolve_backend(cpu, "auto", has_cpu_kernel=True) == "numba"
+    assert resolve_backend(cpu, "auto") == "torch"
+    assert resolve_backend(cpu, "torch", has_cpu_kernel=True) == "torch"
+
+
+def test_environment_switch_turns_the_cpu_kernels_off(monkeypatch):
+    monkeypatch.setenv("GPUBUF_NUMBA", "0")
+    assert resolve_backend(torch.zeros(1), "auto", has_cpu_kernel=True) == "torch"
+    # An explicit request still runs them: the switch only steers "auto".
+    assert resolve_backend(torch.zeros(1), "numba", has_cpu_kernel=True) == "numba"
+
+
+def test_explicit_numba_where_it_cannot_run_raises():
+    with pytest.raises(BackendUnavailableError, match="no CPU kernel"):
+        resolve_backend(torch.zeros(1), "numba")
+    with pytest.raises(BackendUnavailableError, match="no CPU kernel"):
+        gather_rows([torch.zeros(4, 2)], torch.tensor([1]), backend="numba")
+    meta = torch.zeros(1, device="meta")
+    with pytest.raises(BackendUnavailableError, match="CPU tensors only"):
+        resolve_backend(meta, "numba", has_cpu_kernel=True)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        resolve_backend(torch.zeros(1), "cpp")
+
+
+def test_missing_numba_raises_for_an_explicit_request(monkeypatch):
+    monkeypatch.setattr(_dispatch, "numba_importable", lambda: False)
+    assert resolve_backend(torch.zeros(1), "auto", has_cpu_kernel=True) == "torch"
+    with pytest.raises(BackendUnavailableError, match="pip install gpubuf\\[cpu\\]"):
+        resolve_backend(torch.zeros(1), "numba", has_cpu_kernel=True)
+
+
+def test_sumtree_ops_run_the_chosen_cpu_path(monkeypatch):
+    """Both CPU paths give the same tree and draws; a broken kernel module shows which one ran."""
+    trees = {}
+    for which in ("torch", "numba"):
+        tree = SumTree(100, fanout=4)
+        sumtree_update(tree, torch.arange(100), torch.rand(100, generator=torch.Generator().manual_seed(1)), backend=which)
+        draws = sumtree_sample(tree, torch.rand(50, dtype=torch.float64, generator=torch.Generator().manual_seed(2)), backend=which)
+        trees[which] = (tree, draws)
+    (a, da), (b, db) = trees["torch"], trees["numba"]
+    assert torch.equal(a.sums, b.sums) and torch.equal(a.mins, b.mins) and torch.equal(da[0], db[0])
+
+    def broken(name):
+        raise RuntimeError(f"kernel module {name} requested")
+
+    monkeypatch.setattr("gpubuf.ops.sumtree.kernel_module", broken)
+    sumtree_update(a, torch.tensor([3]), torch.tensor([2.0]), backend="torch")  # never loads a kernel
+    with pytest.raises(RuntimeError, match="cpu.sumtree"):
+        sumtree_update(a, torch.tensor([3]), torch.tensor([2.0]))  # auto: the compiled kernel
