@@ -126,6 +126,12 @@ def update(leaves, sums, mins, offsets, sizes, shift, index, values, marks):  # 
         count = queued
 
 
+#: A level's prefix sums are computed once per call, into a table, when the batch has at least
+#: this many draws per row of the level: each draw then compares precomputed sums instead of
+#: waiting on a chain of dependent additions (the descent's main cost for large batches).
+TABLE_DRAWS_PER_ROW = 8
+
+
 @njit(cache=True, nogil=True)
 def sample(leaves, sums, offsets, sizes, shift, uniforms, stratified, order, out_index, out_value):  # pragma: no cover
     """Descends ``B`` masses from the root; fills ``out_index`` (int64) and ``out_value`` (leaf dtype).
@@ -137,7 +143,9 @@ def sample(leaves, sums, offsets, sizes, shift, uniforms, stratified, order, out
     At each node, with ``csum`` the inclusive float64 prefix sums of its children, the child is
     the first positive one whose ``csum`` exceeds the mass, else the last positive one, else 0;
     the mass loses the children before it. (``csum`` is non-decreasing, so "exceeds the mass"
-    is "at or after ``#{c : csum[c] <= mass}``", the twin's wording.)
+    is "at or after ``#{c : csum[c] <= mass}``", the twin's wording.) Prefix sums come from a
+    per-call table (:data:`TABLE_DRAWS_PER_ROW`) or are added up on the way; both add left to
+    right, so they are the same numbers.
     """
     n = uniforms.shape[0]
     fanout = 1 << shift
@@ -145,6 +153,20 @@ def sample(leaves, sums, offsets, sizes, shift, uniforms, stratified, order, out
     total = sums[0]
     step = total / n if n else 0.0
     in_order = order.shape[0] == 0
+    # Tables of the internal levels worth one (indexed as ``sums``); allocated per call, so
+    # that concurrent samplers of one tree share no scratch.
+    tabled = np.zeros(depth + 1, np.bool_)
+    table = np.empty(offsets[depth] if n else 0, np.float64)
+    for k in range(1, depth):
+        rows = sizes[k - 1]
+        if n >= TABLE_DRAWS_PER_ROW * rows:
+            tabled[k] = True
+            for r in range(rows):
+                row = offsets[k] + r * fanout
+                csum = 0.0
+                for c in range(fanout):
+                    csum += sums[row + c]
+                    table[row + c] = csum
     for i in range(n):
         b = i if in_order else order[i]
         if stratified:
@@ -157,22 +179,34 @@ def sample(leaves, sums, offsets, sizes, shift, uniforms, stratified, order, out
             before = 0.0
             last = -1
             last_before = 0.0
-            csum = 0.0
-            for c in range(fanout):
-                if k == depth:
-                    x = np.float64(leaves[node * fanout + c])
-                else:
-                    x = sums[offsets[k] + node * fanout + c]
-                prev = csum
-                csum += x
-                if x > 0.0:
-                    if csum > mass:
-                        child = c
-                        before = prev
-                        last = -2  # found
-                        break
-                    last = c
-                    last_before = prev
+            if tabled[k]:
+                row = offsets[k] + node * fanout
+                for c in range(fanout):
+                    if sums[row + c] > 0.0:
+                        if table[row + c] > mass:
+                            child = c
+                            before = table[row + c - 1] if c else 0.0
+                            last = -2  # found
+                            break
+                        last = c
+                        last_before = table[row + c - 1] if c else 0.0
+            else:
+                csum = 0.0
+                for c in range(fanout):
+                    if k == depth:
+                        x = np.float64(leaves[node * fanout + c])
+                    else:
+                        x = sums[offsets[k] + node * fanout + c]
+                    prev = csum
+                    csum += x
+                    if x > 0.0:
+                        if csum > mass:
+                            child = c
+                            before = prev
+                            last = -2  # found
+                            break
+                        last = c
+                        last_before = prev
             if last >= 0:
                 child = last
                 before = last_before
