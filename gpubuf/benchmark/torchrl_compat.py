@@ -127,9 +127,11 @@ def prioritized_namespace() -> Any:
     except BaseException as err:  # an ABI mismatch surfaces as ImportError, but a broken build can raise anything
         if isinstance(err, KeyboardInterrupt):
             raise
+        hint = " (scripts/build_torchrl_extension.py rebuilds it for this torch)"
         reason = f"TorchRL's C++ extension (its segment trees) does not load: {describe_error(err)}"
-        if len(reason) > _MAX_REASON:
-            reason = reason[: _MAX_REASON - 3] + "..."
+        if len(reason) > _MAX_REASON - len(hint):
+            reason = reason[: _MAX_REASON - len(hint) - 3] + "..."
+        reason += hint
         raise TorchRLUnavailable(reason) from err
     if not hasattr(extension, "SumSegmentTreeFp32"):
         raise TorchRLUnavailable("TorchRL's C++ extension has no SumSegmentTreeFp32")
