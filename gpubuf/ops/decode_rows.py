@@ -2,9 +2,11 @@
 
 Rows are stored in the format of :mod:`gpubuf.codec.format` (line run-length coding with one
 level of references) in one flat ``uint8`` arena, described by a row table. The twin below is
-the CPU path and the specification; on CUDA tensors the op runs as two Triton launches
-(``gpubuf_kernels.codec``): one program per sampled row builds its line table and verifies it,
-then programs over (row, block of lines) write the decoded bytes straight into the output.
+the specification and the CPU path without Numba; CPU tensors otherwise run the compiled
+kernel ``gpubuf_kernels.cpu.codec`` (each row decoded line by line into the output). On CUDA
+tensors the op runs as two Triton launches (``gpubuf_kernels.codec``): one program per sampled
+row builds its line table and verifies it, then programs over (row, block of lines) write the
+decoded bytes straight into the output.
 """
 
 from __future__ import annotations
@@ -373,11 +375,12 @@ def decode_rows(
     """Decodes rows ``index`` of ``table``; see :func:`decode_rows_ref` for the specification.
 
     CUDA tensors go to the Triton kernels (two launches: line tables and verification, then
-    decode into ``out``), CPU tensors to the torch twin.
+    decode into ``out``), CPU tensors to the compiled CPU kernel (Numba) or, without it, the
+    torch twin. All give the twin's output, errors and messages.
 
     Args:
         table, index, out, verify: as in :func:`decode_rows_ref`.
-        backend: ``"auto"`` (by device), ``"torch"`` or ``"triton"``.
+        backend: ``"auto"`` (by device), ``"torch"``, ``"triton"`` or ``"numba"``.
         check_bounds: raise :class:`~gpubuf.errors.IndexOutOfRangeError` for an index outside
             ``[0, R)`` first (synchronises on CUDA).
 
@@ -393,7 +396,52 @@ def decode_rows(
         if int(lo) < 0 or int(hi) >= n_rows:
             bad = int(lo) if int(lo) < 0 else int(hi)
             raise IndexOutOfRangeError(f"row index {bad} is out of range for {n_rows} stored rows")
-    which = resolve_backend(table.arena, backend)
+    which = resolve_backend(table.arena, backend, has_cpu_kernel=True)
     if which == "triton":
         return kernel_module("codec").decode_rows_triton(table, index, out, verify=verify)
+    if which == "numba":
+        return _decode_numba(table, index, out, verify)
     return decode_rows_ref(table, index, out, verify=verify)
+
+
+# -------------------------------------------------------------------- compiled CPU kernel
+_NO_REFS = np.zeros(0, dtype=np.int32)
+
+
+def _decode_numba(table: RowTable, index: torch.Tensor, out: torch.Tensor | None, verify: bool) -> torch.Tensor:
+    """The compiled CPU decode: :func:`decode_rows_ref`'s output and errors, one kernel call.
+
+    The kernel verifies every needed row before it writes anything and returns per-position
+    status bits; the error is raised here, with the twin's message. An index outside the table
+    (possible with ``check_bounds=False``) never reaches the kernel's reads: the twin then runs
+    and fails as it does.
+    """
+    g = table.geometry
+    n = index.shape[0]
+    if out is None:
+        out = empty_output(n, g, table.device)
+    if n == 0 or g.raw_bytes == 0:
+        return out
+    n_rows = table.offsets.shape[0]
+    refs = table.refs
+    if table.lengths.shape[0] != n_rows or table.checksums.shape[0] != n_rows or (refs is not None and refs.shape[0] != n_rows):
+        return decode_rows_ref(table, index, out, verify=verify)  # a malformed table: the twin's error
+    kernels = kernel_module("cpu.codec")
+    status = np.zeros(n, dtype=np.int32)
+    code = kernels.decode_rows(
+        table.arena.detach().contiguous().numpy(),
+        table.offsets.detach().contiguous().numpy(),
+        table.lengths.detach().contiguous().numpy(),
+        table.checksums.detach().contiguous().numpy(),
+        _NO_REFS if refs is None else refs.detach().contiguous().numpy(),
+        refs is not None,
+        index.detach().to(torch.int64).contiguous().numpy(),
+        out.view(torch.uint8).view(-1).numpy(),
+        g.image_planes, g.height, g.width, g.itemsize, bool(verify), status,
+    )
+    if code == kernels.BAD_INDEX:
+        return decode_rows_ref(table, index, out, verify=verify)
+    if code == kernels.CORRUPT:
+        bad = np.nonzero(status)[0].tolist()
+        raise CorruptRowError(_describe(bad, status[bad].tolist(), "row(s)"), rows=bad)
+    return out

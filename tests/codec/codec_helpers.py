@@ -7,7 +7,7 @@ import torch
 from gpubuf.codec.checksum import as_int32
 from gpubuf.codec.encoder import encode_planes
 from gpubuf.codec.format import RowGeometry
-from gpubuf.ops.decode_rows import RowTable
+from gpubuf.ops.decode_rows import RowTable, decode_rows, decode_rows_ref
 
 
 def make_table(rows: torch.Tensor, *, keys: torch.Tensor | None = None, intra_keys: bool = True) -> RowTable:
@@ -23,3 +23,10 @@ def make_table(rows: torch.Tensor, *, keys: torch.Tensor | None = None, intra_ke
         enc = encode_planes(planes, g, key_planes=key_planes, has_key=has_key, ref_rows=keys.to(torch.int32), inrow=not intra_keys)
         refs = keys.to(torch.int32)
     return RowTable(enc.data, enc.starts, enc.lengths.to(torch.int32), as_int32(enc.checksums), refs, g)
+
+
+def decode(table: RowTable, index: torch.Tensor, backend: str, out: torch.Tensor | None = None, *, verify: bool = True):
+    """Decodes on one CPU path: the twin itself for ``"torch"``, else :func:`decode_rows` with that backend."""
+    if backend == "torch":
+        return decode_rows_ref(table, index, out, verify=verify)
+    return decode_rows(table, index, out, verify=verify, backend=backend)

@@ -1,10 +1,13 @@
 """Triton decode vs its torch twin, bit for bit, through the interpreter on CPU (or on CUDA).
 
 The interpreter runs programs one after another, so rows stay small here; one test decodes two
-real Atari frames against their key frame. ``gpu``-marked tests cover full-size batches.
+real Atari frames against their key frame. ``gpu``-marked tests cover full-size batches. Every
+case also runs the compiled CPU kernel (Numba) against the twin, where Numba is installed.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import pytest
 import torch
@@ -14,6 +17,7 @@ from gpubuf.codec.errors import CorruptRowError
 from gpubuf.ops.decode_rows import RowTable, decode_rows, decode_rows_ref
 
 triton = pytest.importorskip("triton")
+HAS_NUMBA = importlib.util.find_spec("numba") is not None
 
 
 def _on(table: RowTable, device) -> RowTable:
@@ -28,6 +32,10 @@ def _check(table: RowTable, index: torch.Tensor, device) -> None:
     got = decode_rows(_on(table, device), index.to(device), backend="triton")
     assert got.dtype == expected.dtype and got.shape == expected.shape
     assert torch.equal(got.cpu().contiguous().view(torch.uint8), expected.contiguous().view(torch.uint8))
+    if HAS_NUMBA:
+        got = decode_rows(table, index, backend="numba")
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        assert torch.equal(got.view(torch.uint8), expected.view(torch.uint8))
 
 
 def _rows(n, shape, dtype, seed):
@@ -104,6 +112,10 @@ def test_kernel_detects_corruption(kernel_device):
         with pytest.raises(CorruptRowError, match=what) as kern:
             decode_rows(_on(bad, kernel_device), torch.tensor([0, 2, 1], device=kernel_device), backend="triton")
         assert kern.value.rows == twin.value.rows == [1]
+        if HAS_NUMBA:
+            with pytest.raises(CorruptRowError) as cpu:
+                decode_rows(bad, torch.tensor([0, 2, 1]), backend="numba")
+            assert str(cpu.value) == str(twin.value) and cpu.value.rows == [1]
 
 
 @pytest.mark.gpu

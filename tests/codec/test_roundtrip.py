@@ -1,4 +1,5 @@
-"""Encode then decode (torch twin) is the identity, bit for bit, for every dtype and edge row."""
+"""Encode then decode is the identity, bit for bit, for every dtype and edge row, on both CPU paths
+(the torch twin and the compiled kernel)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from gpubuf.codec.encoder import encode_planes
 from gpubuf.codec.format import RowGeometry
 from gpubuf.ops.decode_rows import decode_rows, decode_rows_ref
 
-from codec_helpers import make_table
+from codec_helpers import decode, make_table
 from helpers import DTYPES
 
 SHAPES = [(), (1,), (7,), (3, 5), (2, 4, 9), (4, 1, 1), (1, 300), (2, 3, 513)]
@@ -50,22 +51,22 @@ def _assert_bitwise(a: torch.Tensor, b: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_round_trip_every_dtype(dtype, shape):
+def test_round_trip_every_dtype(dtype, shape, cpu_backend):
     gen = torch.Generator().manual_seed(hash((str(dtype), shape)) % 2**31)
     for rows in (_random(5, shape, dtype, gen), _structured(5, shape, dtype, gen)):
         table = make_table(rows)
-        out = decode_rows_ref(table, torch.tensor([4, 0, 2, 2, 1, 3]))
+        out = decode(table, torch.tensor([4, 0, 2, 2, 1, 3]), cpu_backend)
         _assert_bitwise(out, rows[[4, 0, 2, 2, 1, 3]])
 
 
-@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.float32, torch.float64])
-def test_edge_rows(dtype):
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_edge_rows(dtype, cpu_backend):
     """All-equal, full-range noise, single element, empty trailing dims and scalar items."""
     gen = torch.Generator().manual_seed(1)
     cases = {
-        "constant": torch.full((3, 4, 84, 84), 7, dtype=torch.uint8).view(dtype)
+        "constant": torch.full((3, 4, 84, 84), 7, dtype=torch.uint8)
         if dtype == torch.uint8
-        else torch.full((3, 4, 21, 84), 1.5 if dtype.is_floating_point else 9, dtype=dtype),
+        else torch.full((3, 4, 21, 84), 1.5 if dtype.is_floating_point else (True if dtype == torch.bool else 9), dtype=dtype),
         "noise": _random(3, (4, 21, 84), dtype, gen),
         "single": _random(4, (1,), dtype, gen),
         "scalar": _random(4, (), dtype, gen),
@@ -76,7 +77,7 @@ def test_edge_rows(dtype):
     for name, rows in cases.items():
         table = make_table(rows)
         index = torch.arange(rows.shape[0]).flip(0)
-        _assert_bitwise(decode_rows_ref(table, index), rows[index])
+        _assert_bitwise(decode(table, index, cpu_backend), rows[index])
         if name == "constant":
             # One mode table, one count byte and one value per plane's first line.
             assert int(table.lengths.max()) < rows[0].numel() * rows.element_size() // 100
@@ -86,32 +87,32 @@ def test_edge_rows(dtype):
             assert int(table.lengths.max()) <= g.raw_bytes
 
 
-def test_runs_split_every_256_bytes():
+def test_runs_split_every_256_bytes(cpu_backend):
     """A constant line wider than 256 bytes still decodes (runs restart at multiples of 256)."""
     rows = torch.zeros(2, 1, 1000, dtype=torch.uint8)
     rows[1, 0, 300:700] = 5
     rows[1, 0, 256] = 9
     table = make_table(rows)
     assert int(table.lengths.max()) < 40
-    _assert_bitwise(decode_rows_ref(table, torch.tensor([0, 1])), rows)
+    _assert_bitwise(decode(table, torch.tensor([0, 1]), cpu_backend), rows)
 
 
-def test_real_frames_stacked_and_with_key_frames(atari):
+def test_real_frames_stacked_and_with_key_frames(atari, cpu_backend):
     frames = torch.from_numpy(atari["frames"][:120])
     from gpubuf.codec.framestack import stack_indices
 
     stacks = frames[torch.from_numpy(stack_indices(atari["episode_start"][:120]))]
     table = make_table(stacks)  # planes 1..3 coded against plane 0 of the same row
     index = torch.randint(0, 120, (64,), generator=torch.Generator().manual_seed(0))
-    _assert_bitwise(decode_rows_ref(table, index), stacks[index])
+    _assert_bitwise(decode(table, index, cpu_backend), stacks[index])
     assert float(table.lengths.float().mean()) < stacks[0].numel() / 8
 
     # Frames against key frames every 4 frames: depth-one references.
     keys = torch.arange(120)
     keys = torch.where(keys % 4 == 0, -1, keys - keys % 4)
     table = make_table(frames, keys=keys)
-    _assert_bitwise(decode_rows_ref(table, index), frames[index])
-    _assert_bitwise(decode_rows(table, index, backend="torch"), frames[index])
+    _assert_bitwise(decode(table, index, cpu_backend), frames[index])
+    _assert_bitwise(decode_rows(table, index, backend=cpu_backend), frames[index])
 
 
 def test_checksums_are_adler32_of_bytes_and_reference():
@@ -159,3 +160,29 @@ def test_encoder_prefers_free_lines():
     # Key: 21 mode bytes + one RUNS line (count + value). Frame: 21 + one residual RUNS line.
     assert enc.lengths.tolist()[0] <= 24
     assert enc.lengths.tolist()[1] <= 21 + 1 + 5
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def test_key_rows_every_dtype(dtype, cpu_backend):
+    """Rows coded against reference rows (REF lines and residuals in every byte plane), any item size."""
+    gen = torch.Generator().manual_seed(21)
+    rows = _structured(40, (2, 6, 10), dtype, gen)
+    rows[1::2] = rows[0::2]
+    changed = rows.view(torch.uint8) if dtype != torch.bool else rows
+    changed[3::4, :, 2] = changed[2::4, :, 4] if dtype != torch.bool else ~changed[3::4, :, 2]
+    keys = torch.arange(40)
+    keys = torch.where(keys % 5 == 0, -1, keys - keys % 5)  # keys 0, 5, ... 35: more than fit one cache slot each
+    for intra in (True, False):
+        table = make_table(rows, keys=keys, intra_keys=intra)
+        index = torch.randint(0, 40, (90,), generator=gen)
+        _assert_bitwise(decode(table, index, cpu_backend), rows[index])
+
+
+def test_few_rows_of_a_large_table(cpu_backend):
+    """A batch far smaller than the table (the kernel then finds its distinct rows by sorting)."""
+    gen = torch.Generator().manual_seed(22)
+    rows = _structured(6000, (3, 4), torch.int32, gen)
+    keys = torch.arange(6000)
+    table = make_table(rows, keys=torch.where(keys % 3 == 0, -1, keys - keys % 3))
+    for index in (torch.tensor([5999, 4, 4, 3001]), torch.randint(0, 6000, (700,), generator=gen)):
+        _assert_bitwise(decode(table, index, cpu_backend), rows[index])

@@ -65,3 +65,30 @@ def test_sumtree_ops_run_the_chosen_cpu_path(monkeypatch):
     sumtree_update(a, torch.tensor([3]), torch.tensor([2.0]), backend="torch")  # never loads a kernel
     with pytest.raises(RuntimeError, match="cpu.sumtree"):
         sumtree_update(a, torch.tensor([3]), torch.tensor([2.0]))  # auto: the compiled kernel
+
+
+def test_decode_rows_runs_the_chosen_cpu_path(monkeypatch):
+    """The row decode takes the compiled kernel by default on CPU, the twin for "torch" or GPUBUF_NUMBA=0."""
+    from gpubuf.codec.checksum import as_int32
+    from gpubuf.codec.encoder import encode_planes
+    from gpubuf.codec.format import RowGeometry
+    from gpubuf.ops.decode_rows import RowTable, decode_rows
+
+    rows = torch.zeros(3, 2, 4, 6, dtype=torch.uint8)
+    rows[1, :, 2] = 7
+    g = RowGeometry.of(rows.dtype, rows.shape[1:])
+    enc = encode_planes(g.to_planes(rows), g)
+    table = RowTable(enc.data, enc.starts, enc.lengths.to(torch.int32), as_int32(enc.checksums), None, g)
+    index = torch.tensor([2, 1, 1])
+    for which in ("torch", "numba", "auto"):
+        assert torch.equal(decode_rows(table, index, backend=which), rows[index])
+
+    def broken(name):
+        raise RuntimeError(f"kernel module {name} requested")
+
+    monkeypatch.setattr("gpubuf.ops.decode_rows.kernel_module", broken)
+    assert torch.equal(decode_rows(table, index, backend="torch"), rows[index])
+    with pytest.raises(RuntimeError, match="cpu.codec"):
+        decode_rows(table, index)
+    monkeypatch.setenv("GPUBUF_NUMBA", "0")
+    assert torch.equal(decode_rows(table, index), rows[index])

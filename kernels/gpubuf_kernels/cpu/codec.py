@@ -1,0 +1,430 @@
+"""Row decode of the compressed row format as compiled CPU loops.
+
+The format is :mod:`gpubuf.codec.format`'s; the torch twin
+:func:`gpubuf.ops.decode_rows.decode_rows_ref` is the specification. The twin expands every
+coded line of the needed rows into a pool and resolves each output line to a pool line; here a
+row is decoded line by line straight into the output (a run is a fill, an ``UP``, ``REF`` or
+``RAW`` line a copy, a residual a fill plus the reference line), which gives the same bytes.
+
+Verification is the twin's, check for check, and reports the twin's status bits
+(``BAD_*`` of :mod:`gpubuf.ops.decode_rows`), so the caller raises the twin's error with the
+twin's message. Reads during verification are clamped to the arena exactly where the twin
+clamps its gathers: a corrupt row may send the parse past its own bytes, and what the twin sees
+there decides which reasons it reports. Nothing is written to the output unless every needed
+row passed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# Mirrors of gpubuf.codec.format and gpubuf.ops.decode_rows (this package never imports gpubuf).
+_UP = 0
+_REF = 1
+_RAW = 2
+_RUNS = 3
+_ADLER_MOD = 65521
+_ADLER_BLOCK = 65536  # bytes summed between reductions: int64 sums cannot overflow below 2**40
+
+BAD_BOUNDS = 1
+BAD_LENGTH = 2
+BAD_CHECKSUM = 4
+BAD_MODE = 8
+BAD_RUNS = 16
+BAD_REFERENCE = 32
+
+#: Return codes of :func:`decode_rows`.
+DECODED = 0
+CORRUPT = 1
+BAD_INDEX = 2
+
+_KEY_CACHE_BYTES = 1 << 22  # decoded reference rows kept per call (a direct-mapped cache)
+_KEY_CACHE_ROWS = 16
+
+
+@njit(cache=True, nogil=True)
+def _byte(arena, pos, last):  # pragma: no cover - compiled
+    """``arena[pos]`` with ``pos`` clamped to ``[0, last]`` (0 for an empty arena), as the twin gathers."""
+    if last < 0:
+        return 0
+    if pos < 0:
+        pos = 0
+    elif pos > last:
+        pos = last
+    return np.int64(arena[pos])
+
+
+@njit(cache=True, nogil=True)
+def _mode(arena, off, line, last):  # pragma: no cover - compiled
+    return (_byte(arena, off + (line >> 2), last) >> ((line & 3) * 2)) & 3
+
+
+@njit(cache=True, nogil=True)
+def _runs_ok(arena, pos, n, width, last):  # pragma: no cover - compiled
+    """Whether the ``n - 1`` stored run starts at ``pos`` increase strictly inside a line of ``width``."""
+    prev = 0
+    zeros = 0
+    for k in range(1, n):
+        low = _byte(arena, pos + k - 1, last)
+        if width > 256:
+            # A zero low byte marks the next block of 256 (runs are split at its multiples).
+            if low == 0:
+                zeros += 1
+            start = zeros * 256 + low
+        else:
+            start = low  # a zero here fails below, as the twin's "later run at 0"
+        if start >= width or start <= prev:
+            return False
+        prev = start
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _adler32(arena, off, nb, suffix):  # pragma: no cover - compiled
+    """``zlib.adler32(arena[off:off + nb] + suffix.to_bytes(4, "little", signed=True))``."""
+    a = np.int64(1)
+    b = np.int64(0)
+    i = off
+    end = off + nb
+    while i < end:
+        stop = min(end, i + _ADLER_BLOCK)
+        for j in range(i, stop):
+            a += arena[j]
+            b += a
+        a %= _ADLER_MOD
+        b %= _ADLER_MOD
+        i = stop
+    word = np.int64(suffix) & 0xFFFFFFFF
+    for k in range(4):
+        a = (a + ((word >> (8 * k)) & 0xFF)) % _ADLER_MOD
+        b = (b + a) % _ADLER_MOD
+    return (b << 16) | a
+
+
+@njit(cache=True, nogil=True)
+def _check_row(arena, off, nb, own_ref, as_key, stored, image_planes, height, width, lines, verify):  # pragma: no cover
+    """The twin's status bits of one needed row (``BAD_REFERENCE`` for a key row only), and its payload start.
+
+    Args:
+        arena: uint8 ``[A]``.
+        off, nb: the row's table offset and length.
+        own_ref: its reference row (-1 for none).
+        as_key: it serves as the reference row of a sampled row (then none of its planes has a
+            reference plane).
+        stored: its stored checksum (int32 bit pattern).
+        image_planes, height, width, lines: ``P0``, ``H``, ``W``, ``L``.
+        verify: check the checksum.
+
+    Returns:
+        ``(status, payload)``: ``payload`` is the arena position of the first line's payload
+        (meaningful only when ``status`` is 0).
+    """
+    status = 0
+    if as_key and own_ref != -1:
+        status |= BAD_REFERENCE
+    size = arena.shape[0]
+    if off < 0 or nb < 0 or off + nb > size:
+        # Parsed as an empty row at 0, as the twin does, so its other reasons match.
+        status |= BAD_BOUNDS
+        off = 0
+        nb = 0
+    last = size - 1
+    mode_bytes = (lines + 3) // 4
+    bad_runs = False
+    payload = off
+    if nb != lines * width:
+        n_runs = 0
+        for line in range(lines):
+            if _mode(arena, off, line, last) == _RUNS:
+                n_runs += 1
+        count_at = off + mode_bytes
+        pos = off + mode_bytes + n_runs
+        payload = pos
+        # Line y of image plane q: counted, not divided (two divisions a line cost more than the checks).
+        y = 0
+        q = 0
+        for line in range(lines):
+            mode = _mode(arena, off, line, last)
+            has_plane_ref = not as_key and (own_ref >= 0 or q > 0)
+            if mode == _UP:
+                if y == 0:
+                    status |= BAD_MODE
+            elif mode == _REF:
+                if not has_plane_ref:
+                    status |= BAD_MODE
+            elif mode == _RAW:
+                pos += width
+            else:
+                count = _byte(arena, count_at, last)
+                count_at += 1
+                n = (count & 127) + 1
+                if count >= 128 and not has_plane_ref:
+                    status |= BAD_MODE
+                if not bad_runs and not _runs_ok(arena, pos, n, width, last):
+                    bad_runs = True
+                pos += 2 * n - 1
+            y += 1
+            if y == height:
+                y = 0
+                q += 1
+                if q == image_planes:
+                    q = 0
+        if pos - off != nb:
+            status |= BAD_LENGTH
+    # The twin checks the checksum of the rows that passed everything but the run starts.
+    if verify and status == 0:
+        if _adler32(arena, off, nb, own_ref) != (np.int64(stored) & 0xFFFFFFFF):
+            status |= BAD_CHECKSUM
+    if bad_runs:
+        status |= BAD_RUNS
+    return status, payload
+
+
+# Byte loops index with unsigned integers: a signed index makes Numba test it for wraparound
+# (``a[-1]``), and that test keeps LLVM from vectorizing the loop (ten times slower here).
+@njit(cache=True, nogil=True)
+def _copy(dst, d, src, s, n):  # pragma: no cover - compiled
+    """``dst[d : d + n] = src[s : s + n]`` (the ranges do not overlap)."""
+    d = np.uint64(d)
+    s = np.uint64(s)
+    for x in range(np.uint64(n)):
+        dst[d + x] = src[s + x]
+
+
+@njit(cache=True, nogil=True)
+def _fill(dst, d, value, n):  # pragma: no cover - compiled
+    """``dst[d : d + n] = value``."""
+    d = np.uint64(d)
+    for x in range(np.uint64(n)):
+        dst[d + x] = value
+
+
+@njit(cache=True, nogil=True)
+def _fill_add(dst, d, value, src, s, n):  # pragma: no cover - compiled
+    """``dst[d : d + n] = (value + src[s : s + n]) % 256``: a run of a residual line."""
+    d = np.uint64(d)
+    s = np.uint64(s)
+    for x in range(np.uint64(n)):
+        dst[d + x] = (value + src[s + x]) & 0xFF
+
+
+@njit(cache=True, nogil=True)
+def _decode_row(arena, off, nb, payload, dest, d0, ref, r0, keyed, image_planes, height, width, lines):  # pragma: no cover
+    """Decodes one verified row into ``dest[d0 : d0 + L * W]`` (byte planes in order).
+
+    ``ref[r0 + l * W ...]`` is line ``l`` of the decoded reference row when ``keyed``; otherwise
+    reference lines are read from ``dest`` itself (plane ``p - p % P0``, decoded before ``p``).
+    """
+    row_bytes = lines * width
+    if nb == row_bytes:
+        _copy(dest, d0, arena, off, row_bytes)
+        return
+    count_at = off + (lines + 3) // 4
+    pos = payload
+    for line in range(lines):
+        mode = (np.int64(arena[off + (line >> 2)]) >> ((line & 3) * 2)) & 3
+        d = d0 + line * width
+        if mode == _UP:
+            _copy(dest, d, dest, d - width, width)
+            continue
+        if mode == _RAW:
+            _copy(dest, d, arena, pos, width)
+            pos += width
+            continue
+        if keyed:
+            src = ref
+            s = r0 + line * width
+        else:
+            src = dest
+            s = d0 + (line - ((line // height) % image_planes) * height) * width
+        if mode == _REF:
+            _copy(dest, d, src, s, width)
+            continue
+        count = np.int64(arena[count_at])
+        count_at += 1
+        n = (count & 127) + 1
+        values = pos + n - 1
+        begin = 0
+        zeros = 0
+        for k in range(n):
+            if k + 1 < n:
+                low = np.int64(arena[pos + k])
+                if low == 0:
+                    zeros += 1
+                stop = zeros * 256 + low
+            else:
+                stop = width
+            if count >= 128:
+                # Residual: added, modulo 256, to the reference line.
+                _fill_add(dest, d + begin, arena[values + k], src, s + begin, stop - begin)
+            else:
+                _fill(dest, d + begin, arena[values + k], stop - begin)
+            begin = stop
+        pos += 2 * n - 1
+
+
+@njit(cache=True, nogil=True)
+def _interleave(planes, out, o0, itemsize, image_planes, plane_bytes):  # pragma: no cover - compiled
+    """Byte planes ``[s, P0, H * W]`` -> elements ``[P0, H * W, s]`` at ``out[o0:]`` (inverse of ``to_planes``)."""
+    step = np.uint64(itemsize)
+    for b in range(itemsize):
+        for q in range(image_planes):
+            src = np.uint64((b * image_planes + q) * plane_bytes)
+            dst = np.uint64(o0 + q * plane_bytes * itemsize + b)
+            for i in range(np.uint64(plane_bytes)):
+                out[dst + i * step] = planes[src + i]
+
+
+@njit(cache=True, nogil=True)
+def _needed_rows(index, refs, has_refs, n_rows):  # pragma: no cover - compiled
+    """The distinct needed rows, sorted, and each position's slots among them.
+
+    Returns:
+        ``(tab, row_slot, key, key_slot)``: ``key[b]`` is row ``index[b]``'s reference row (-1
+        without a table of references), ``key_slot[b]`` its slot when it is a row (else -1).
+    """
+    n = index.shape[0]
+    key = np.full(n, -1, np.int64)
+    cand = np.empty(2 * n, np.int64)
+    nc = 0
+    for b in range(n):
+        cand[nc] = index[b]
+        nc += 1
+        if has_refs:
+            k = np.int64(refs[index[b]])
+            key[b] = k
+            if k >= 0 and k < n_rows:
+                cand[nc] = k
+                nc += 1
+    if n_rows <= 8 * nc + 4096:
+        # Small table next to the batch: mark rows in a dense array (no sort).
+        slot_of = np.full(n_rows, -1, np.int64)
+        for i in range(nc):
+            slot_of[cand[i]] = 0
+        t = 0
+        for r in range(n_rows):
+            if slot_of[r] == 0:
+                slot_of[r] = t
+                t += 1
+        tab = np.empty(t, np.int64)
+        for r in range(n_rows):
+            if slot_of[r] >= 0:
+                tab[slot_of[r]] = r
+        row_slot = np.empty(n, np.int64)
+        key_slot = np.full(n, -1, np.int64)
+        for b in range(n):
+            row_slot[b] = slot_of[index[b]]
+            k = key[b]
+            if k >= 0 and k < n_rows:
+                key_slot[b] = slot_of[k]
+        return tab, row_slot, key, key_slot
+    tab = np.unique(cand[:nc])
+    row_slot = np.searchsorted(tab, index)
+    key_slot = np.full(n, -1, np.int64)
+    for b in range(n):
+        k = key[b]
+        if k >= 0 and k < n_rows:
+            key_slot[b] = np.searchsorted(tab, k)
+    return tab, row_slot, key, key_slot
+
+
+@njit(cache=True, nogil=True)
+def decode_rows(
+    arena, offsets, lengths, checksums, refs, has_refs, index, out, image_planes, height, width, itemsize, verify, status
+):  # pragma: no cover - compiled
+    """Verifies the needed rows of a batch, then decodes rows ``index`` into ``out``.
+
+    Args:
+        arena: uint8 ``[A]``.
+        offsets, lengths, checksums: the row table (``[R]`` each; int64, int32, int32).
+        refs: int32 ``[R]`` reference rows (-1 for none); ignored unless ``has_refs``.
+        has_refs: the table has references.
+        index: int64 ``[B]`` row numbers.
+        out: uint8 ``[B * L * W]``, the output rows' bytes (elements of ``itemsize`` bytes).
+        image_planes, height, width, itemsize: the geometry (``P0, H, W, s``; ``L * W > 0``).
+        verify: check checksums.
+        status: int32 ``[B]``, receives each position's status bits (0 when it passed).
+
+    Returns:
+        ``DECODED``; ``CORRUPT`` when a position failed (see ``status``; ``out`` untouched);
+        ``BAD_INDEX`` when an index is outside ``[0, R)`` (nothing read or written).
+    """
+    n = index.shape[0]
+    n_rows = offsets.shape[0]
+    for b in range(n):
+        if index[b] < 0 or index[b] >= n_rows:
+            return BAD_INDEX
+    lines = itemsize * image_planes * height
+    row_bytes = lines * width
+    tab, row_slot, key, key_slot = _needed_rows(index, refs, has_refs, n_rows)
+    T = tab.shape[0]
+    as_key = np.zeros(T, np.bool_)
+    for b in range(n):
+        if key_slot[b] >= 0:
+            as_key[key_slot[b]] = True
+    t_status = np.zeros(T, np.int64)
+    payload = np.zeros(T, np.int64)
+    for t in range(T):
+        r = tab[t]
+        own = np.int64(refs[r]) if has_refs else np.int64(-1)
+        t_status[t], payload[t] = _check_row(
+            arena, offsets[r], np.int64(lengths[r]), own, as_key[t], checksums[r], image_planes, height, width, lines, verify
+        )
+    failed = False
+    for b in range(n):
+        s = t_status[row_slot[b]]
+        if key[b] >= n_rows:
+            s |= BAD_REFERENCE
+        elif key_slot[b] >= 0:
+            s |= t_status[key_slot[b]]
+        status[b] = s
+        if s != 0:
+            failed = True
+    if failed:
+        return CORRUPT
+
+    # Decode each distinct sampled row once, in row order (reference rows then repeat in the
+    # cache), into the first position that holds it; duplicates copy it from there.
+    first = np.full(T, -1, np.int64)
+    for b in range(n):
+        if first[row_slot[b]] < 0:
+            first[row_slot[b]] = b
+    cache_rows = max(1, min(_KEY_CACHE_ROWS, _KEY_CACHE_BYTES // row_bytes))
+    cache = np.empty(cache_rows * row_bytes if has_refs else 0, np.uint8)
+    cache_tag = np.full(cache_rows, -1, np.int64)
+    planes = np.empty(row_bytes if itemsize > 1 else 0, np.uint8)
+    plane_bytes = height * width
+    for t in range(T):
+        b = first[t]
+        if b < 0:
+            continue  # a reference row only
+        r = tab[t]
+        k = np.int64(refs[r]) if has_refs else np.int64(-1)
+        keyed = k >= 0
+        c0 = 0
+        if keyed:
+            c = k % cache_rows
+            c0 = c * row_bytes
+            if cache_tag[c] != k:
+                _decode_row(
+                    arena, offsets[k], np.int64(lengths[k]), payload[np.searchsorted(tab, k)], cache, c0, cache, c0,
+                    False, image_planes, height, width, lines,
+                )
+                cache_tag[c] = k
+        if itemsize == 1:
+            _decode_row(
+                arena, offsets[r], np.int64(lengths[r]), payload[t], out, b * row_bytes, cache, c0, keyed,
+                image_planes, height, width, lines,
+            )
+        else:
+            _decode_row(
+                arena, offsets[r], np.int64(lengths[r]), payload[t], planes, 0, cache, c0, keyed,
+                image_planes, height, width, lines,
+            )
+            _interleave(planes, out, b * row_bytes, itemsize, image_planes, plane_bytes)
+    for b in range(n):
+        src = first[row_slot[b]]
+        if src != b:
+            _copy(out, b * row_bytes, out, src * row_bytes, row_bytes)
+    return DECODED
