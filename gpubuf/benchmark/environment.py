@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-_PACKAGES = ("torch", "triton", "tensordict", "torchrl", "gpubuf")
+_PACKAGES = ("torch", "triton", "tensordict", "torchrl", "numba", "gpubuf")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -95,12 +95,43 @@ def load_average() -> float | None:
         return None
 
 
+def cpu_kernels() -> str:
+    """Which path CPU sum trees take: ``"numba"`` (compiled kernels) or ``"torch"``."""
+    from gpubuf.ops._dispatch import numba_enabled
+
+    return "numba" if numba_enabled() else "torch"
+
+
+def torchrl_extension(package: Path | None = None) -> str | None:
+    """``"rebuilt"`` when ``scripts/build_torchrl_extension.py`` replaced TorchRL's shipped
+    extension (its prioritized rows then run TorchRL's own C++ compiled for this torch),
+    ``"shipped"`` otherwise, None without TorchRL. Read from files; nothing is imported.
+
+    Args:
+        package: TorchRL's package directory (default: the installed one's).
+    """
+    if package is None:
+        from importlib.util import find_spec
+
+        try:
+            spec = find_spec("torchrl")
+        except (ImportError, ValueError):
+            return None
+        if spec is None or spec.origin is None:
+            return None
+        package = Path(spec.origin).parent
+    return "rebuilt" if any(package.glob("_torchrl*.orig")) else "shipped"
+
+
 def collect(device: torch.device) -> dict:
-    """The environment block of a result: device, device name, versions, git sha, threads, host load."""
+    """The environment block of a result: device, device name, versions, git sha, threads, host load,
+    the CPU sum-tree path and which TorchRL extension ran."""
     return {
         "device": device.type,
         "device_name": device_name(device),
         "versions": versions(),
+        "cpu_kernels": cpu_kernels(),
+        "torchrl_extension": torchrl_extension(),
         "git_sha": git_sha(),
         "torch_threads": torch.get_num_threads(),
         "cpu_cores": _cpu_count(),

@@ -53,7 +53,7 @@ def test_rows_have_fields_and_every_provider(result):
     for row in result["rows"]:
         assert set(row) == ROW_FIELDS
         assert row["device"] == "cpu" and row["buffer_rows"] == TINY.rows
-        assert set(row["versions"]) == {"torch", "triton", "tensordict", "torchrl", "gpubuf"}
+        assert set(row["versions"]) == {"torch", "triton", "tensordict", "torchrl", "numba", "gpubuf"}
         assert row["bytes_moved"] == 2 * row["size"] * ROW_BYTES
         if row["provider"] != "torchrl":
             assert row["status"] == report.OK
@@ -64,6 +64,21 @@ def test_rows_have_fields_and_every_provider(result):
             assert row["items_per_s"] == pytest.approx(row["size"] / row["p50_s"])
         else:
             assert row["status"] == report.UNAVAILABLE and row["reason"]
+
+
+def test_meta_records_the_cpu_tree_path_and_torchrl_extension(result, monkeypatch, tmp_path):
+    from gpubuf.benchmark import environment
+
+    meta = result["meta"]
+    assert meta["cpu_kernels"] == "numba"  # the test extra installs Numba
+    assert meta["torchrl_extension"] in ("shipped", "rebuilt")
+    monkeypatch.setenv("GPUBUF_NUMBA", "0")
+    assert environment.collect(__import__("torch").device("cpu"))["cpu_kernels"] == "torch"
+    # A package directory holding the shipped binary's backup reads as rebuilt.
+    (tmp_path / "_torchrl.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
+    assert environment.torchrl_extension(tmp_path) == "shipped"
+    (tmp_path / "_torchrl.cpython-311-x86_64-linux-gnu.so.orig").write_bytes(b"")
+    assert environment.torchrl_extension(tmp_path) == "rebuilt"
 
 
 def row_ops(result):
