@@ -7,12 +7,16 @@ above or its reference line (free), else ``RUNS`` of its own bytes or of its res
 the reference line, whichever has fewer runs, when that is smaller than the line, else ``RAW``.
 A row whose coded form is not strictly smaller than its raw bytes is stored raw, so the worst
 case (noise) costs nothing beyond the raw bytes.
+
+CPU rows are encoded by the compiled kernel ``gpubuf_kernels.cpu.encoder`` where Numba imports
+(the same bytes, line by line; ``backend="torch"`` or ``GPUBUF_NUMBA=0`` keeps the torch steps).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from gpubuf.codec.checksum import adler32_ranges, adler32_ranges_host
@@ -26,6 +30,7 @@ from gpubuf.codec.format import (
     RESIDUAL_BIT,
     RowGeometry,
 )
+from gpubuf.ops._dispatch import kernel_module, resolve_backend
 
 __all__ = ["EncodedBatch", "encode_planes", "lines_equal", "wide_view"]
 
@@ -102,6 +107,7 @@ def encode_planes(
     ref_rows: torch.Tensor | None = None,
     intra: bool = False,
     inrow: bool = True,
+    backend: str = "auto",
 ) -> EncodedBatch:
     """Encodes rows given as byte planes.
 
@@ -117,6 +123,8 @@ def encode_planes(
         inrow: let planes ``p % P0 > 0`` of rows without a key use the first image plane of the
             same byte as reference. Off for rows that may serve as reference rows of others,
             which must hold no reference at all.
+        backend: ``"auto"`` (the compiled kernel for CPU rows where Numba imports, else the
+            torch steps), ``"torch"`` or ``"numba"``.
 
     Returns:
         An :class:`EncodedBatch` on ``planes``' device.
@@ -133,13 +141,15 @@ def encode_planes(
             torch.empty(0, dtype=torch.uint8, device=device), zeros, zeros.clone(),
             adler32_ranges(torch.empty(0, dtype=torch.uint8, device=device), zeros, zeros, ref_rows),
         )
+    keyed = not intra and has_key is not None and key_planes is not None and bool(has_key.any())
+    if resolve_backend(planes, backend, has_cpu_kernel=True) == "numba":
+        return _encode_numba(planes, g, key_planes, has_key, ref_rows, keyed, intra, inrow)
     x = planes.reshape(n, P, H, W)
 
     # Reference planes: the key row's plane, or the first image plane of the same byte.
     plane_ids = torch.arange(P, device=device)
     first_plane = plane_ids - plane_ids % g.image_planes
     inrow_ok = ((plane_ids % g.image_planes) > 0) & inrow
-    keyed = not intra and has_key is not None and key_planes is not None and bool(has_key.any())
     inrow_any = not intra and bool(inrow_ok.any())
     has_ref = torch.zeros(n, P, dtype=torch.bool, device=device)
     ref = x  # what planes without a reference compare against does not matter
@@ -267,3 +277,20 @@ def _write_coded(data, x, ref, modes, line_runs, size, use_res, cand, coded, sta
         later = run_rank > 0
         data[(base + run_rank - 1)[later]] = (xs[later] & 255).to(torch.uint8)
         data[base + nr[j] - 1 + run_rank] = signal[j, xs]
+
+
+def _encode_numba(planes, g, key_planes, has_key, ref_rows, keyed, intra, inrow) -> EncodedBatch:
+    """The compiled CPU encode: :func:`encode_planes`'s bytes, lengths and checksums, one kernel call."""
+    n = planes.shape[0]
+    x = planes.detach().reshape(n, g.raw_bytes).contiguous().numpy()
+    if keyed:
+        key = key_planes.detach().reshape(n, g.raw_bytes).contiguous().numpy()
+        own = has_key.detach().to(torch.bool).contiguous().numpy()
+    else:
+        key = np.empty((0, g.raw_bytes), dtype=np.uint8)
+        own = np.zeros(0, dtype=np.bool_)
+    refs = ref_rows.detach().to(torch.int32).contiguous().numpy()
+    data, starts, lengths, checksums = kernel_module("cpu.encoder").encode_rows(
+        x, key, own, keyed, bool(inrow), bool(intra), refs, g.image_planes, g.height, g.width
+    )
+    return EncodedBatch(torch.from_numpy(data), torch.from_numpy(starts), torch.from_numpy(lengths), torch.from_numpy(checksums))

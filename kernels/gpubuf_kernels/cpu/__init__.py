@@ -6,9 +6,10 @@ C++. The kernels here are the same loops compiled with Numba (optional: ``pip in
 gpubuf[cpu]``). They return what the twins return, bit for bit, and the twins stay the
 specification, the fallback where Numba is missing, and the test oracle.
 
-The row decode of the codec (:mod:`.codec`) is here for another reason: its twin decodes a batch
-as whole-tensor steps (line tables, a pool of expanded lines, gathers), several passes over
-intermediates larger than the output, where a loop writes each decoded line once.
+The row decode and encode of the codec (:mod:`.codec`, :mod:`.encoder`) are here for another
+reason: their torch versions treat a batch as whole-tensor steps (line tables, a pool of expanded
+lines, gathers), several passes over intermediates larger than the rows, where a loop reads or
+writes each line once.
 
 Numba compiles each kernel on first use and caches the machine code on disk (``cache=True``),
 so later processes load it in milliseconds. Nothing is imported or compiled when ``gpubuf`` is.

@@ -1,0 +1,183 @@
+"""Row encoder of the compressed row format as compiled CPU loops.
+
+:func:`gpubuf.codec.encoder.encode_planes` is the specification: the same choice for every line
+(``UP`` over ``REF`` over ``RUNS`` of the line or of its residual, whichever has fewer runs and
+only when smaller than the line, else ``RAW``), the same raw fallback for rows not strictly
+smaller coded, the same bytes and checksums. There the choices are whole-batch tensor steps;
+here each row is two passes over its lines, one to size it and one to write it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from gpubuf_kernels.cpu.codec import _adler32
+
+_UP = 0
+_REF = 1
+_RAW = 2
+_RUNS = 3
+_MAX_RUNS = 128
+_RUN_BLOCK = 256
+_RESIDUAL_BIT = 0x80
+
+
+@njit(cache=True, nogil=True)
+def _equal(a, i, b, j, n):  # pragma: no cover - compiled
+    """``a[i : i + n] == b[j : j + n]``."""
+    i = np.uint64(i)
+    j = np.uint64(j)
+    for x in range(np.uint64(n)):
+        if a[i + x] != b[j + x]:
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _count_runs(a, i, ref, j, width, residual):  # pragma: no cover - compiled
+    """Runs of the line ``a[i : i + W]`` (or of its residual ``(a - ref[j:]) % 256``), split every 256 bytes."""
+    runs = 1
+    prev = (np.int64(a[i]) - np.int64(ref[j])) & 0xFF if residual else np.int64(a[i])
+    for x in range(1, width):
+        v = (np.int64(a[i + x]) - np.int64(ref[j + x])) & 0xFF if residual else np.int64(a[i + x])
+        if v != prev or x % _RUN_BLOCK == 0:
+            runs += 1
+        prev = v
+    return runs
+
+
+@njit(cache=True, nogil=True)
+def _write_runs(data, at, n, a, i, ref, j, width, residual):  # pragma: no cover - compiled
+    """Writes a RUNS payload at ``data[at:]``: the low bytes of run starts 1..n-1, then the n values."""
+    k = 0
+    prev = np.int64(0)
+    for x in range(width):
+        v = (np.int64(a[i + x]) - np.int64(ref[j + x])) & 0xFF if residual else np.int64(a[i + x])
+        if x == 0 or v != prev or x % _RUN_BLOCK == 0:
+            if k > 0:
+                data[at + k - 1] = x & 0xFF
+            data[at + n - 1 + k] = v
+            k += 1
+        prev = v
+
+
+@njit(cache=True, nogil=True)
+def encode_rows(x, key, has_key, keyed, inrow, intra, ref_rows, image_planes, height, width):  # pragma: no cover
+    """Encodes rows given as byte planes.
+
+    Args:
+        x: uint8 ``[n, L * W]``, each row's planes in order.
+        key: uint8 ``[n, L * W]``, the reference rows' planes (read where ``has_key`` when ``keyed``).
+        has_key: bool ``[n]`` (ignored unless ``keyed``).
+        keyed: some row is coded against ``key``.
+        inrow: planes ``p % P0 > 0`` of rows without a key may use plane ``p - p % P0``.
+        intra: no references at all.
+        ref_rows: int32 ``[n]``, the reference numbers the checksums cover.
+        image_planes, height, width: ``P0``, ``H``, ``W`` (``L * W > 0``).
+
+    Returns:
+        ``(data, starts, lengths, checksums)``: uint8 bytes and int64 ``[n]`` tables.
+    """
+    n = x.shape[0]
+    row_bytes = x.shape[1]
+    lines = row_bytes // width
+    mode_bytes = (lines + 3) // 4
+    modes = np.empty((n, lines), np.uint8)
+    runs = np.zeros((n, lines), np.int64)
+    resid = np.zeros((n, lines), np.bool_)
+    lengths = np.empty(n, np.int64)
+    for r in range(n):
+        own_key = keyed and has_key[r]
+        size = mode_bytes
+        y = 0
+        q = 0
+        for line in range(lines):
+            i = line * width
+            has_ref = not intra and (own_key or (inrow and q > 0))
+            if own_key:
+                ref = key
+                j = i
+            else:
+                ref = x
+                j = (line - q * height) * width
+            mode = _RAW
+            if has_ref and _equal(x[r], i, ref[r], j, width):
+                mode = _REF
+            # UP is preferred to REF: it resolves inside the row.
+            if y > 0 and _equal(x[r], i, x[r], i - width, width):
+                mode = _UP
+            if mode == _RAW:
+                count = _count_runs(x[r], i, ref[r], j, width, False)
+                use = False
+                if has_ref:
+                    res_count = _count_runs(x[r], i, ref[r], j, width, True)
+                    if res_count < count:
+                        count = res_count
+                        use = True
+                if count <= _MAX_RUNS and 2 * count < width:
+                    mode = _RUNS
+                    runs[r, line] = count
+                    resid[r, line] = use
+                    size += 2 * count
+                else:
+                    size += width
+            modes[r, line] = mode
+            y += 1
+            if y == height:
+                y = 0
+                q += 1
+                if q == image_planes:
+                    q = 0
+        lengths[r] = size if size < row_bytes else row_bytes
+    starts = np.empty(n, np.int64)
+    total = 0
+    for r in range(n):
+        starts[r] = total
+        total += lengths[r]
+    data = np.empty(total, np.uint8)
+    checksums = np.empty(n, np.int64)
+    for r in range(n):
+        at = starts[r]
+        if lengths[r] == row_bytes:
+            for b in range(row_bytes):
+                data[at + b] = x[r, b]
+        else:
+            for b in range(mode_bytes):
+                byte = 0
+                for k in range(4):
+                    line = 4 * b + k
+                    if line < lines:
+                        byte |= np.int64(modes[r, line]) << (2 * k)
+                data[at + b] = byte
+            count_at = at + mode_bytes
+            for line in range(lines):
+                if modes[r, line] == _RUNS:
+                    data[count_at] = (runs[r, line] - 1) | (_RESIDUAL_BIT if resid[r, line] else 0)
+                    count_at += 1
+            pos = count_at
+            own_key = keyed and has_key[r]
+            q = 0
+            y = 0
+            for line in range(lines):
+                i = line * width
+                mode = modes[r, line]
+                if mode == _RAW:
+                    for b in range(width):
+                        data[pos + b] = x[r, i + b]
+                    pos += width
+                elif mode == _RUNS:
+                    c = runs[r, line]
+                    if own_key:
+                        _write_runs(data, pos, c, x[r], i, key[r], i, width, resid[r, line])
+                    else:
+                        _write_runs(data, pos, c, x[r], i, x[r], (line - q * height) * width, width, resid[r, line])
+                    pos += 2 * c - 1
+                y += 1
+                if y == height:
+                    y = 0
+                    q += 1
+                    if q == image_planes:
+                        q = 0
+        checksums[r] = _adler32(data, at, lengths[r], ref_rows[r])
+    return data, starts, lengths, checksums
