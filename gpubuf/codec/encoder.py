@@ -282,15 +282,15 @@ def _write_coded(data, x, ref, modes, line_runs, size, use_res, cand, coded, sta
 def _encode_numba(planes, g, key_planes, has_key, ref_rows, keyed, intra, inrow) -> EncodedBatch:
     """The compiled CPU encode: :func:`encode_planes`'s bytes, lengths and checksums, one kernel call."""
     n = planes.shape[0]
-    x = planes.detach().reshape(n, g.raw_bytes).contiguous().numpy()
+    x = planes.detach().reshape(-1).contiguous().numpy()
     if keyed:
-        key = key_planes.detach().reshape(n, g.raw_bytes).contiguous().numpy()
+        key = key_planes.detach().reshape(-1).contiguous().numpy()
         own = has_key.detach().to(torch.bool).contiguous().numpy()
     else:
-        key = np.empty((0, g.raw_bytes), dtype=np.uint8)
+        key = np.empty(0, dtype=np.uint8)
         own = np.zeros(0, dtype=np.bool_)
     refs = ref_rows.detach().to(torch.int32).contiguous().numpy()
     data, starts, lengths, checksums = kernel_module("cpu.encoder").encode_rows(
-        x, key, own, keyed, bool(inrow), bool(intra), refs, g.image_planes, g.height, g.width
+        x, key, n, own, keyed, bool(inrow), bool(intra), refs, g.image_planes, g.height, g.width
     )
     return EncodedBatch(torch.from_numpy(data), torch.from_numpy(starts), torch.from_numpy(lengths), torch.from_numpy(checksums))

@@ -25,25 +25,39 @@ _RESIDUAL_BIT = 0x80
 
 @njit(cache=True, nogil=True)
 def _equal(a, i, b, j, n):  # pragma: no cover - compiled
-    """``a[i : i + n] == b[j : j + n]``."""
+    """``a[i : i + n] == b[j : j + n]``.
+
+    An OR of XORs over the whole line, with no early exit: that loop vectorizes, and most lines
+    compared are equal anyway (an early exit keeps it byte by byte, several times slower).
+    """
     i = np.uint64(i)
     j = np.uint64(j)
+    acc = np.uint8(0)
     for x in range(np.uint64(n)):
-        if a[i + x] != b[j + x]:
-            return False
-    return True
+        acc |= a[i + x] ^ b[j + x]
+    return acc == 0
 
 
 @njit(cache=True, nogil=True)
 def _count_runs(a, i, ref, j, width, residual):  # pragma: no cover - compiled
     """Runs of the line ``a[i : i + W]`` (or of its residual ``(a - ref[j:]) % 256``), split every 256 bytes."""
-    runs = 1
-    prev = (np.int64(a[i]) - np.int64(ref[j])) & 0xFF if residual else np.int64(a[i])
-    for x in range(1, width):
-        v = (np.int64(a[i + x]) - np.int64(ref[j + x])) & 0xFF if residual else np.int64(a[i + x])
-        if v != prev or x % _RUN_BLOCK == 0:
-            runs += 1
-        prev = v
+    i = np.uint64(i)
+    j = np.uint64(j)
+    runs = 0
+    # Block by block: a new block always starts a run, so no test of the position per byte.
+    for first in range(0, width, _RUN_BLOCK):
+        stop = np.uint64(min(width, first + _RUN_BLOCK))
+        start = np.uint64(first)
+        runs += 1
+        if residual:
+            prev = (a[i + start] - ref[j + start]) & 0xFF
+            for x in range(start + np.uint64(1), stop):
+                v = (a[i + x] - ref[j + x]) & 0xFF
+                runs += v != prev
+                prev = v
+        else:
+            for x in range(start + np.uint64(1), stop):
+                runs += a[i + x] != a[i + x - np.uint64(1)]
     return runs
 
 
@@ -63,12 +77,13 @@ def _write_runs(data, at, n, a, i, ref, j, width, residual):  # pragma: no cover
 
 
 @njit(cache=True, nogil=True)
-def encode_rows(x, key, has_key, keyed, inrow, intra, ref_rows, image_planes, height, width):  # pragma: no cover
+def encode_rows(x, key, n, has_key, keyed, inrow, intra, ref_rows, image_planes, height, width):  # pragma: no cover
     """Encodes rows given as byte planes.
 
     Args:
-        x: uint8 ``[n, L * W]``, each row's planes in order.
-        key: uint8 ``[n, L * W]``, the reference rows' planes (read where ``has_key`` when ``keyed``).
+        x: uint8 ``[n * L * W]``, each row's planes in order, rows back to back.
+        key: uint8 ``[n * L * W]``, the reference rows' planes (read where ``has_key`` when ``keyed``).
+        n: the number of rows.
         has_key: bool ``[n]`` (ignored unless ``keyed``).
         keyed: some row is coded against ``key``.
         inrow: planes ``p % P0 > 0`` of rows without a key may use plane ``p - p % P0``.
@@ -79,8 +94,8 @@ def encode_rows(x, key, has_key, keyed, inrow, intra, ref_rows, image_planes, he
     Returns:
         ``(data, starts, lengths, checksums)``: uint8 bytes and int64 ``[n]`` tables.
     """
-    n = x.shape[0]
-    row_bytes = x.shape[1]
+    # Flat arrays and offsets, not row views: a view per call costs reference counting.
+    row_bytes = x.shape[0] // n
     lines = row_bytes // width
     mode_bytes = (lines + 3) // 4
     modes = np.empty((n, lines), np.uint8)
@@ -92,26 +107,27 @@ def encode_rows(x, key, has_key, keyed, inrow, intra, ref_rows, image_planes, he
         size = mode_bytes
         y = 0
         q = 0
+        base = r * row_bytes
         for line in range(lines):
-            i = line * width
+            i = base + line * width
             has_ref = not intra and (own_key or (inrow and q > 0))
             if own_key:
                 ref = key
                 j = i
             else:
                 ref = x
-                j = (line - q * height) * width
+                j = base + (line - q * height) * width
             mode = _RAW
-            if has_ref and _equal(x[r], i, ref[r], j, width):
+            if has_ref and _equal(x, i, ref, j, width):
                 mode = _REF
             # UP is preferred to REF: it resolves inside the row.
-            if y > 0 and _equal(x[r], i, x[r], i - width, width):
+            if y > 0 and _equal(x, i, x, i - width, width):
                 mode = _UP
             if mode == _RAW:
-                count = _count_runs(x[r], i, ref[r], j, width, False)
+                count = _count_runs(x, i, ref, j, width, False)
                 use = False
                 if has_ref:
-                    res_count = _count_runs(x[r], i, ref[r], j, width, True)
+                    res_count = _count_runs(x, i, ref, j, width, True)
                     if res_count < count:
                         count = res_count
                         use = True
@@ -139,9 +155,10 @@ def encode_rows(x, key, has_key, keyed, inrow, intra, ref_rows, image_planes, he
     checksums = np.empty(n, np.int64)
     for r in range(n):
         at = starts[r]
+        base = r * row_bytes
         if lengths[r] == row_bytes:
             for b in range(row_bytes):
-                data[at + b] = x[r, b]
+                data[at + b] = x[base + b]
         else:
             for b in range(mode_bytes):
                 byte = 0
@@ -160,18 +177,18 @@ def encode_rows(x, key, has_key, keyed, inrow, intra, ref_rows, image_planes, he
             q = 0
             y = 0
             for line in range(lines):
-                i = line * width
+                i = base + line * width
                 mode = modes[r, line]
                 if mode == _RAW:
                     for b in range(width):
-                        data[pos + b] = x[r, i + b]
+                        data[pos + b] = x[i + b]
                     pos += width
                 elif mode == _RUNS:
                     c = runs[r, line]
                     if own_key:
-                        _write_runs(data, pos, c, x[r], i, key[r], i, width, resid[r, line])
+                        _write_runs(data, pos, c, x, i, key, i, width, resid[r, line])
                     else:
-                        _write_runs(data, pos, c, x[r], i, x[r], (line - q * height) * width, width, resid[r, line])
+                        _write_runs(data, pos, c, x, i, x, base + (line - q * height) * width, width, resid[r, line])
                     pos += 2 * c - 1
                 y += 1
                 if y == height:
