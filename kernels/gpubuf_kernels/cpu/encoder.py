@@ -23,7 +23,7 @@ _RUN_BLOCK = 256
 _RESIDUAL_BIT = 0x80
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")  # a call costs more than a line
 def _equal(a, i, b, j, n):  # pragma: no cover - compiled
     """``a[i : i + n] == b[j : j + n]``.
 
@@ -38,7 +38,7 @@ def _equal(a, i, b, j, n):  # pragma: no cover - compiled
     return acc == 0
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")  # a call costs more than a line
 def _count_runs(a, i, ref, j, width, residual):  # pragma: no cover - compiled
     """Runs of the line ``a[i : i + W]`` (or of its residual ``(a - ref[j:]) % 256``), split every 256 bytes."""
     i = np.uint64(i)
@@ -61,7 +61,7 @@ def _count_runs(a, i, ref, j, width, residual):  # pragma: no cover - compiled
     return runs
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")  # a call costs more than a line
 def _write_runs(data, at, n, a, i, ref, j, width, residual):  # pragma: no cover - compiled
     """Writes a RUNS payload at ``data[at:]``: the low bytes of run starts 1..n-1, then the n values."""
     k = 0
