@@ -25,7 +25,7 @@ _REF = 1
 _RAW = 2
 _RUNS = 3
 _ADLER_MOD = 65521
-_ADLER_BLOCK = 65536  # bytes summed between reductions: int64 sums cannot overflow below 2**40
+_ADLER_BLOCK = 65536  # bytes summed between reductions; the int64 sums stay below 2**41
 
 BAD_BOUNDS = 1
 BAD_LENGTH = 2
