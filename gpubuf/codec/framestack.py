@@ -7,6 +7,10 @@ reference that tests and benchmarks stack real frames with). :func:`match_frames
 batch of stacked rows, which frame slots repeat an earlier one, by comparing their bytes, so
 frame deduplication is exact whatever the episode structure: two slots share a stored frame only
 when their bytes are equal.
+
+CPU batches are matched by the compiled kernel ``gpubuf_kernels.cpu.framestack`` where Numba
+imports (the same roots, slot by slot, reading the frames in place; ``backend="torch"`` or
+``GPUBUF_NUMBA=0`` keeps the torch steps).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import numpy as np
 import torch
 
 from gpubuf.codec.encoder import wide_view
+from gpubuf.ops._dispatch import kernel_module, resolve_backend
 
 __all__ = ["stack_indices", "transition_indices", "match_frames", "frames_equal"]
 
@@ -87,6 +92,7 @@ def match_frames(
     pairs: list[int | None],
     tail: list[torch.Tensor] | None = None,
     buffers: list[torch.Tensor] | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """For every frame slot of a batch, the earlier slot holding the same bytes (or itself).
 
@@ -109,11 +115,16 @@ def match_frames(
         tail: uint8 ``[S, F]`` per leaf for the previous row, or None.
         buffers: optional uint8 scratch tensors, one per leaf, of at least ``(n + 1) * S * F``
             bytes, reused for the copy of tail and batch (a fresh large CPU tensor page-faults).
+            The compiled kernel copies nothing and ignores them.
+        backend: ``"auto"`` (the compiled kernel for CPU stacks where Numba imports, else the
+            torch steps), ``"torch"`` or ``"numba"``.
 
     Returns:
         int64 ``[(n + 1) * J * S]``: the root of every slot, slot ``((i + 1) * J + j) * S + k``
         (row ``-1`` is the tail; its slots are their own roots).
     """
+    if resolve_backend(stacks[0], backend, has_cpu_kernel=True) == "numba":
+        return _match_frames_numba(stacks, pairs, tail)
     J = len(stacks)
     n, S = stacks[0].shape[:2]
     device = stacks[0].device
@@ -177,6 +188,56 @@ def match_frames(
         if torch.equal(nxt, parent):
             return parent
         parent = nxt
+
+
+def _candidates(pairs: list[int | None], S: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each leaf's candidates as the kernel reads them: int64 ``[J, C, 3]`` ``(previous row?, leaf, shift)`` and counts ``[J]``.
+
+    The same lists, in the same order, as :func:`match_frames` builds, without those whose
+    shift leaves the stack.
+    """
+    J = len(pairs)
+    table = np.zeros((J, max(J, 1) + 3, 3), dtype=np.int64)
+    counts = np.zeros(J, dtype=np.int64)
+    for j, p in enumerate(pairs):
+        cands = [(1, jj, 0) for jj, q in enumerate(pairs) if q == j and p is None]
+        if p is not None:
+            cands.append((0, p, 1))
+        cands += [(1, j, 1), (0, j, 1)]
+        cands = [c for c in cands if c[2] < S]
+        for c, cand in enumerate(cands):
+            table[j, c] = cand
+        counts[j] = len(cands)
+    return table, counts
+
+
+def _flat_units(frames: list[torch.Tensor], F: int) -> tuple:
+    """Flat numpy views of frames of ``F`` bytes, in the widest unsigned unit that divides ``F``.
+
+    Fewer, wider units make the compare loop shorter; every array must start on a multiple of
+    the unit for the view (all of them share one unit, so the kernel compiles once per unit).
+    """
+    arrays = [x.detach().contiguous().view(-1).numpy() for x in frames]
+    for dtype, size in ((np.uint64, 8), (np.uint32, 4), (np.uint16, 2)):
+        if F % size == 0 and all(a.ctypes.data % size == 0 for a in arrays):
+            return tuple(a.view(dtype) for a in arrays), F // size
+    return tuple(arrays), F
+
+
+def _match_frames_numba(stacks, pairs, tail) -> torch.Tensor:
+    """:func:`match_frames` by the compiled kernel: the frames are read where they lie, nothing is copied."""
+    J = len(stacks)
+    n, S, F = stacks[0].shape
+    has_tail = tail is not None
+    if not has_tail:
+        # Never read; the kernel only needs arrays of the batch's type.
+        tail = [torch.zeros(S, F, dtype=torch.uint8) for _ in range(J)]
+    table, counts = _candidates(pairs, S)
+    arrays, width = _flat_units(list(stacks) + list(tail), F)
+    roots = kernel_module("cpu.framestack").match_roots(
+        arrays[:J], arrays[J:], has_tail, n, S, width, table, counts
+    )
+    return torch.from_numpy(roots)
 
 
 def _whole_stack_matches(full, pairs, parent, open_, ids, first_row) -> None:
