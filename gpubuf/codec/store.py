@@ -17,6 +17,7 @@ from gpubuf.codec.checksum import as_int32, as_uint32, resuffix
 from gpubuf.codec.encoder import EncodedBatch
 from gpubuf.codec.format import RowGeometry
 from gpubuf.ops.decode_rows import RowTable
+from gpubuf.ops.gather_packed import gather_packed_trusted
 
 __all__ = ["RowStore"]
 
@@ -112,7 +113,7 @@ class RowStore:
             capacity = max(2 * target, _MIN_ARENA, reserve)
         arena = torch.empty(capacity, dtype=torch.uint8, device=self.device)
         new_offsets = torch.cumsum(lengths, 0) - lengths
-        self._copy_rows(arena, self.offsets.index_select(0, kept), new_offsets, lengths)
+        self._copy_rows(arena, self.offsets.index_select(0, kept), lengths)
         # Slots not kept keep length 0 and offset 0: they read as corrupt, never as old bytes.
         self.offsets.zero_()
         self.lengths.zero_()
@@ -121,8 +122,13 @@ class RowStore:
         self.arena = arena
         self.used = live
 
-    def _copy_rows(self, dst: torch.Tensor, src_off: torch.Tensor, dst_off: torch.Tensor, lengths: torch.Tensor) -> None:
-        """``dst[dst_off[k] : +lengths[k]] = arena[src_off[k] : +lengths[k]]`` for every k, chunk by chunk."""
+    def _copy_rows(self, dst: torch.Tensor, src_off: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Copies rows ``arena[src_off[k] : +lengths[k]]`` to ``dst``, back to back from 0, in order.
+
+        That is a packed gather of the rows (:func:`~gpubuf.ops.gather_packed.gather_packed_trusted`,
+        block copies on the CPU, one launch on CUDA), done in chunks of about ``_COPY_CHUNK``
+        bytes to bound its temporaries.
+        """
         n = lengths.shape[0]
         if n == 0:
             return
@@ -133,13 +139,9 @@ class RowStore:
             base = int(ends[first - 1]) if first else 0
             last = int(torch.searchsorted(ends, base + _COPY_CHUNK, right=True))
             last = min(max(last, first + 1), n)
-            ln = lengths[first:last]
-            total = int(ln.sum())
-            if total:
-                seg = torch.repeat_interleave(torch.arange(last - first, device=self.device), ln, output_size=total)
-                within = torch.arange(total, device=self.device) - (torch.cumsum(ln, 0) - ln).index_select(0, seg)
-                src = src_off[first:last].index_select(0, seg) + within
-                dst.index_copy_(0, dst_off[first:last].index_select(0, seg) + within, self.arena.index_select(0, src))
+            rows = torch.arange(first, last, device=self.device)
+            (packed,), _ = gather_packed_trusted([self.arena], src_off, lengths, rows)
+            dst[base : base + packed.shape[0]].copy_(packed)
             first = last
 
     # ------------------------------------------------------------------ rows
