@@ -6,7 +6,8 @@ B rows of such a field is this op: it writes the rows one after another into an 
 ``T = sum(lengths[index])`` tokens and returns the output's offsets, which is exactly the
 ``(values, offsets)`` pair a jagged nested tensor is made of. Several fields that share their
 row lengths (``input_ids`` and ``attention_mask``) share ``starts``/``lengths`` and are gathered
-by one call: one Triton launch on CUDA, one shared plan of block copies on CPU.
+by one call: one Triton launch on CUDA; on CPU one compiled loop per field (Numba,
+``gpubuf_kernels.cpu.gather_packed``) or, without it, one shared plan of block copies.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 
 from gpubuf.errors import IndexOutOfRangeError, SchemaMismatchError
 from gpubuf.ops import _checks
-from gpubuf.ops._dispatch import kernel_module, resolve_backend
+from gpubuf.ops._dispatch import kernel_module, numba_enabled, resolve_backend
 
 __all__ = ["gather_packed", "gather_packed_ref", "gather_packed_trusted", "packed_offsets"]
 
@@ -285,11 +286,12 @@ def gather_packed(
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """Gathers rows ``index`` of packed fields; see :func:`gather_packed_ref` for the specification.
 
-    CUDA tensors go to one Triton launch for all ``values``, CPU tensors to the torch twin.
+    CUDA tensors go to one Triton launch for all ``values``, CPU tensors to the compiled CPU
+    loop (Numba) or, without it, the torch twin.
 
     Args:
         values, starts, lengths, index, outs: as in :func:`gather_packed_ref`.
-        backend: ``"auto"`` (by device), ``"torch"`` or ``"triton"``.
+        backend: ``"auto"`` (by device), ``"torch"``, ``"triton"`` or ``"numba"``.
         check_bounds: verify the rows and their token ranges first and raise
             :class:`~gpubuf.errors.IndexOutOfRangeError` otherwise (synchronises on CUDA).
 
@@ -303,7 +305,7 @@ def gather_packed(
         BackendUnavailableError: ``backend="triton"`` where Triton cannot run.
     """
     _check(values, starts, lengths, index, outs)
-    which = resolve_backend(values[0], backend)
+    which = resolve_backend(values[0], backend, has_cpu_kernel=True)
     if check_bounds:
         _check_bounds(values, starts, lengths, index)
     offsets = packed_offsets(lengths, index)
@@ -312,6 +314,8 @@ def gather_packed(
     total = int(offsets[-1])
     if outs is not None and any(out.shape[0] < total for out in outs):
         raise SchemaMismatchError(f"outputs must hold at least {total} tokens")
+    if which == "numba":
+        return _numba(values, starts, index, offsets, total, outs), offsets
     return gather_packed_ref(values, starts, lengths, index, offsets=offsets, total=total, outs=outs)
 
 
@@ -337,7 +341,41 @@ def gather_packed_trusted(
         offsets = packed_offsets(lengths, index)
     if _wants_triton(values[0]):
         return _triton(values, starts, lengths, index, offsets, outs, total, max_length)
+    if values[0].device.type == "cpu" and numba_enabled():
+        if total is None:
+            total = int(offsets[-1])
+        return _numba(values, starts, index, offsets, total, outs), offsets
     return gather_packed_ref(values, starts, lengths, index, offsets=offsets, total=total, min_length=min_length, outs=outs)
+
+
+def _numba(
+    values: Sequence[torch.Tensor],
+    starts: torch.Tensor,
+    index: torch.Tensor,
+    offsets: torch.Tensor,
+    total: int,
+    outs: Sequence[torch.Tensor] | None,
+) -> list[torch.Tensor]:
+    """The compiled CPU gather: one call per source, each row one copy of its bytes."""
+    copy_rows = kernel_module("cpu.gather_packed").copy_rows
+    starts_np = starts.numpy()
+    index_np = index.to(torch.int64).numpy()
+    offsets_np = offsets.numpy()
+    result = []
+    for i, v in enumerate(values):
+        out = torch.empty((total, *v.shape[1:]), dtype=v.dtype) if outs is None else outs[i]
+        if total:
+            v = v.contiguous()
+            # Tokens as bytes: one kernel for every dtype and trailing shape.
+            width = v.element_size() * math.prod(v.shape[1:])
+            copy_rows(_bytes(v), _bytes(out), starts_np, index_np, offsets_np, width)
+        result.append(out)
+    return result
+
+
+def _bytes(t: torch.Tensor) -> np.ndarray:
+    """A contiguous tensor's memory as a flat uint8 NumPy array (no copy)."""
+    return t.view(-1).view(torch.uint8).numpy() if t.numel() else np.zeros(0, dtype=np.uint8)
 
 
 def _triton(values, starts, lengths, index, offsets, outs, total=None, max_length=None):

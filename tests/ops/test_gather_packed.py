@@ -59,6 +59,44 @@ def test_twin_matches_brute_force(dtype, trail, gen):
     assert got[0].is_contiguous() and torch.equal(got[0], want[0])
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("trail", [(), (3,), (2, 5)])
+def test_compiled_cpu_path_matches_brute_force(dtype, trail, gen):
+    pytest.importorskip("numba")
+    values, starts, lengths = _store(13, 9, [trail, ()], [dtype, torch.bool], gen)
+    lengths[4] = 0  # an empty row, sampled twice below
+    index = torch.randint(0, 13, (17,), generator=gen)
+    index[0], index[5], index[-1] = 4, 4, 12
+    want, want_offsets = _brute_force(values, starts, lengths, index)
+    got, offsets = gather_packed(values, starts, lengths, index, backend="numba")
+    assert torch.equal(offsets, want_offsets)
+    assert all(g.is_contiguous() and torch.equal(g, w) for g, w in zip(got, want))
+    # The storages' entry takes it by default on CPU.
+    got, _ = gather_packed_trusted(values, starts, lengths, index.to(torch.int32))
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_compiled_cpu_path_writes_only_the_outputs_rows(gen):
+    pytest.importorskip("numba")
+    values, starts, lengths = _store(5, 6, [(3,)], [torch.float64], gen)
+    index = torch.tensor([4, 1, 4])
+    total = int(lengths[index].sum())
+    out = torch.full((total + 5, 3), -7.0, dtype=torch.float64)
+    got, _ = gather_packed(values, starts, lengths, index, outs=[out], backend="numba")
+    assert got[0] is out
+    assert torch.equal(out[:total], _brute_force(values, starts, lengths, index)[0][0])
+    assert bool((out[total:] == -7.0).all())
+
+
+def test_trusted_entry_without_cpu_kernels_runs_the_twin(gen, monkeypatch):
+    values, starts, lengths = _store(9, 8, [()], [torch.int64], gen)
+    index = torch.tensor([8, 0, 4])
+    monkeypatch.setenv("GPUBUF_NUMBA", "0")
+    monkeypatch.setattr("gpubuf.ops.gather_packed.kernel_module", lambda name: pytest.fail(f"loaded {name}"))
+    got, _ = gather_packed_trusted(values, starts, lengths, index)
+    assert torch.equal(got[0], _brute_force(values, starts, lengths, index)[0][0])
+
+
 def test_many_sources_share_one_index(gen):
     values, starts, lengths = _store(11, 7, [(), (4,), (2, 2)], [torch.int64, torch.bool, torch.float16], gen)
     index = torch.tensor([3, 3, 10, 0, 7], dtype=torch.int32)
