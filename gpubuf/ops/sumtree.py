@@ -52,6 +52,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 
 from gpubuf.errors import DeviceMismatchError, IndexOutOfRangeError, PriorityError
@@ -997,8 +998,6 @@ class _NumbaPlan:
     """
 
     def __init__(self, tree: SumTree) -> None:
-        import numpy as np
-
         self.leaves = tree.leaves.numpy()
         self.sums = tree.sums.numpy()
         self.mins = tree.mins.numpy()
@@ -1033,8 +1032,7 @@ def _update_numba(
     index64 = index.detach().to(torch.int64).contiguous().numpy()
     p64 = priority.detach().to(torch.float64).contiguous().numpy()
     vals = values.detach().contiguous()
-    ok, _ = kernels.scan_update(index64, p64, vals.numpy(), limit)
-    if not ok:
+    if not kernels.scan_update(index64, p64, vals.numpy(), limit):
         _check_values(tree, index, priority, values, limit)
         raise PriorityError("the update failed its checks")  # pragma: no cover - _check_values raised first
     kernels.update(plan.leaves, plan.sums, plan.mins, plan.offsets, plan.sizes, plan.shift, index64, vals.numpy(), plan.marks)

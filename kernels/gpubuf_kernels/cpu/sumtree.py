@@ -32,26 +32,21 @@ def scan_update(index, priority, values, limit):  # pragma: no cover - compiled
         limit: indices must be below it.
 
     Returns:
-        ``(ok, has_negative)``: ``ok`` is False when a priority is NaN, infinite or negative, a
-        transform is not finite, or an index is ``>= limit``; the caller then finds out which.
+        False when a priority is NaN, infinite or negative, a transform is not finite, or an
+        index is ``>= limit`` (the caller then finds out which); True otherwise.
     """
-    ok = True
     for b in range(priority.shape[0]):
         p = priority[b]
         # NaN fails both comparisons.
         if not (p >= 0.0 and p < _INF):
-            ok = False
+            return False
     for b in range(values.shape[0]):
         if not (values[b] < _INF):
-            ok = False
-    has_negative = False
+            return False
     for b in range(index.shape[0]):
-        i = index[b]
-        if i >= limit:
-            ok = False
-        elif i < 0:
-            has_negative = True
-    return ok, has_negative
+        if index[b] >= limit:
+            return False
+    return True
 
 
 @njit(cache=True, nogil=True)
