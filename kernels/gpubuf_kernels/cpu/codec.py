@@ -10,8 +10,8 @@ Verification is the twin's, check for check, and reports the twin's status bits
 (``BAD_*`` of :mod:`gpubuf.ops.decode_rows`), so the caller raises the twin's error with the
 twin's message. Reads during verification are clamped to the arena exactly where the twin
 clamps its gathers: a corrupt row may send the parse past its own bytes, and what the twin sees
-there decides which reasons it reports. Nothing is written to the output unless every needed
-row passed.
+there decides which reasons it reports (rows whose every possible read lies inside the arena
+skip the clamping). Nothing is written to the output unless every needed row passed.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ _REF = 1
 _RAW = 2
 _RUNS = 3
 _ADLER_MOD = 65521
-_ADLER_BLOCK = 65536  # bytes summed between reductions; the int64 sums stay below 2**41
+_ADLER_BLOCK = 65536  # bytes summed between reductions; the sums stay below 2**40
 
 BAD_BOUNDS = 1
 BAD_LENGTH = 2
@@ -89,9 +89,18 @@ def _adler32(arena, off, nb, suffix):  # pragma: no cover - compiled
     end = off + nb
     while i < end:
         stop = min(end, i + _ADLER_BLOCK)
-        for j in range(i, stop):
-            a += arena[j]
-            b += a
+        # Over a block of m bytes x_j, a grows by sum(x_j) and b by m * a + sum((m - j) * x_j):
+        # two independent sums, which vectorize, instead of the byte-by-byte chain.
+        m = np.uint64(stop - i)
+        base = np.uint64(i)
+        s1 = np.uint64(0)
+        s2 = np.uint64(0)
+        for j in range(m):
+            x = np.uint64(arena[base + j])
+            s1 += x
+            s2 += (m - j) * x
+        b += np.int64(m) * a + np.int64(s2)
+        a += np.int64(s1)
         a %= _ADLER_MOD
         b %= _ADLER_MOD
         i = stop
@@ -100,6 +109,74 @@ def _adler32(arena, off, nb, suffix):  # pragma: no cover - compiled
         a = (a + ((word >> (8 * k)) & 0xFF)) % _ADLER_MOD
         b = (b + a) % _ADLER_MOD
     return (b << 16) | a
+
+
+@njit(cache=True, nogil=True)
+def _parse_fast(arena, off, nb, own_ref, as_key, image_planes, height, width, lines):  # pragma: no cover - compiled
+    """:func:`_check_row`'s parse of a row whose every possible read lies inside the arena.
+
+    The same checks in the same order, without clamping reads, and with the run starts checked
+    in line (branch-free) rather than in a call per line.
+
+    Returns:
+        ``(status, bad_runs, payload)``: the status bits before the checksum, whether run starts
+        failed, and the payload start.
+    """
+    status = 0
+    mode_bytes = (lines + 3) // 4
+    n_runs = 0
+    for line in range(lines):
+        n_runs += ((np.int64(arena[off + (line >> 2)]) >> ((line & 3) * 2)) & 3) == _RUNS
+    count_at = off + mode_bytes
+    pos = off + mode_bytes + n_runs
+    payload = pos
+    wide = width > 256
+    runs_ok = True
+    y = 0
+    q = 0
+    for line in range(lines):
+        mode = (np.int64(arena[off + (line >> 2)]) >> ((line & 3) * 2)) & 3
+        has_plane_ref = not as_key and (own_ref >= 0 or q > 0)
+        if mode == _UP:
+            if y == 0:
+                status |= BAD_MODE
+        elif mode == _REF:
+            if not has_plane_ref:
+                status |= BAD_MODE
+        elif mode == _RAW:
+            pos += width
+        else:
+            count = np.int64(arena[count_at])
+            count_at += 1
+            n = (count & 127) + 1
+            if count >= 128 and not has_plane_ref:
+                status |= BAD_MODE
+            if wide:
+                prev = 0
+                zeros = 0
+                for k in range(1, n):
+                    low = np.int64(arena[pos + k - 1])
+                    zeros += low == 0
+                    start = zeros * 256 + low
+                    runs_ok &= (start < width) & (start > prev)
+                    prev = start
+            elif n > 1:
+                # Starts are the stored bytes: increasing pairwise, the first above 0, the last below W.
+                bad = np.uint8(arena[pos] == 0) | np.uint8(np.int64(arena[pos + n - 2]) >= width)
+                p = np.uint64(pos)
+                for k in range(np.uint64(n - 2)):
+                    bad |= np.uint8(arena[p + k] >= arena[p + k + np.uint64(1)])
+                runs_ok &= bad == 0
+            pos += 2 * n - 1
+        y += 1
+        if y == height:
+            y = 0
+            q += 1
+            if q == image_planes:
+                q = 0
+    if pos - off != nb:
+        status |= BAD_LENGTH
+    return status, not runs_ok, payload
 
 
 @njit(cache=True, nogil=True)
@@ -124,6 +201,22 @@ def _check_row(arena, off, nb, own_ref, as_key, stored, image_planes, height, wi
     if as_key and own_ref != -1:
         status |= BAD_REFERENCE
     size = arena.shape[0]
+    # A parse reads at most the mode bytes, a count byte per line and the longest payload per
+    # line (RAW: W bytes, RUNS: at most 255); a row with all of that inside the arena needs no
+    # clamping, which is nearly every row.
+    reach = (lines + 3) // 4 + lines * (1 + max(width, 255))
+    if off >= 0 and nb >= 0 and off + nb <= size and off + reach <= size:
+        if nb != lines * width:
+            parsed, bad_runs, payload = _parse_fast(arena, off, nb, own_ref, as_key, image_planes, height, width, lines)
+            status |= parsed
+        else:
+            bad_runs, payload = False, off  # stored raw
+        if verify and status == 0:
+            if _adler32(arena, off, nb, own_ref) != (np.int64(stored) & 0xFFFFFFFF):
+                status |= BAD_CHECKSUM
+        if bad_runs:
+            status |= BAD_RUNS
+        return status, payload
     if off < 0 or nb < 0 or off + nb > size:
         # Parsed as an empty row at 0, as the twin does, so its other reasons match.
         status |= BAD_BOUNDS
@@ -331,6 +424,24 @@ def _needed_rows(index, refs, has_refs, n_rows):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
+def _positions_by_slot(row_slot, T):  # pragma: no cover - compiled
+    """Each slot's positions as a linked list in position order.
+
+    Returns:
+        ``(first, dup_next)``: ``first[t]`` is the first position of slot ``t`` (-1 for none),
+        ``dup_next[b]`` the next position of ``b``'s slot after ``b`` (-1 after the last).
+    """
+    n = row_slot.shape[0]
+    first = np.full(T, -1, np.int64)
+    dup_next = np.empty(n, np.int64)
+    for b in range(n - 1, -1, -1):
+        t = row_slot[b]
+        dup_next[b] = first[t]
+        first[t] = b
+    return first, dup_next
+
+
+@njit(cache=True, nogil=True)
 def decode_rows(
     arena, offsets, lengths, checksums, refs, has_refs, index, out, image_planes, height, width, itemsize, verify, status
 ):  # pragma: no cover - compiled
@@ -385,12 +496,8 @@ def decode_rows(
     if failed:
         return CORRUPT
 
-    # Decode each distinct sampled row once, in row order (reference rows then repeat in the
-    # cache), into the first position that holds it; duplicates copy it from there.
-    first = np.full(T, -1, np.int64)
-    for b in range(n):
-        if first[row_slot[b]] < 0:
-            first[row_slot[b]] = b
+    # Decode each distinct sampled row once, in row order, into the first position that holds it.
+    first, dup_next = _positions_by_slot(row_slot, T)
     cache_rows = max(1, min(_KEY_CACHE_ROWS, _KEY_CACHE_BYTES // row_bytes))
     cache = np.empty(cache_rows * row_bytes if has_refs else 0, np.uint8)
     cache_tag = np.full(cache_rows, -1, np.int64)
@@ -403,29 +510,37 @@ def decode_rows(
         r = tab[t]
         k = np.int64(refs[r]) if has_refs else np.int64(-1)
         keyed = k >= 0
+        src = cache
         c0 = 0
         if keyed:
-            c = k % cache_rows
-            c0 = c * row_bytes
-            if cache_tag[c] != k:
-                _decode_row(
-                    arena, offsets[k], np.int64(lengths[k]), payload[np.searchsorted(tab, k)], cache, c0, cache, c0,
-                    False, image_planes, height, width, lines,
-                )
-                cache_tag[c] = k
+            ks = np.searchsorted(tab, k)
+            if itemsize == 1 and ks < t and first[ks] >= 0:
+                # A sampled reference row already decoded (rows go in order): read it there.
+                src = out
+                c0 = first[ks] * row_bytes
+            else:
+                c = k % cache_rows
+                c0 = c * row_bytes
+                if cache_tag[c] != k:
+                    _decode_row(
+                        arena, offsets[k], np.int64(lengths[k]), payload[ks], cache, c0, cache, c0,
+                        False, image_planes, height, width, lines,
+                    )
+                    cache_tag[c] = k
         if itemsize == 1:
             _decode_row(
-                arena, offsets[r], np.int64(lengths[r]), payload[t], out, b * row_bytes, cache, c0, keyed,
+                arena, offsets[r], np.int64(lengths[r]), payload[t], out, b * row_bytes, src, c0, keyed,
                 image_planes, height, width, lines,
             )
         else:
             _decode_row(
-                arena, offsets[r], np.int64(lengths[r]), payload[t], planes, 0, cache, c0, keyed,
+                arena, offsets[r], np.int64(lengths[r]), payload[t], planes, 0, src, c0, keyed,
                 image_planes, height, width, lines,
             )
             _interleave(planes, out, b * row_bytes, itemsize, image_planes, plane_bytes)
-    for b in range(n):
-        src = first[row_slot[b]]
-        if src != b:
-            _copy(out, b * row_bytes, out, src * row_bytes, row_bytes)
+        # Duplicates copy the row now, while it is still in the cache.
+        d = dup_next[b]
+        while d >= 0:
+            _copy(out, d * row_bytes, out, b * row_bytes, row_bytes)
+            d = dup_next[d]
     return DECODED
