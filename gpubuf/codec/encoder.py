@@ -32,7 +32,7 @@ from gpubuf.codec.format import (
 )
 from gpubuf.ops._dispatch import kernel_module, resolve_backend
 
-__all__ = ["EncodedBatch", "encode_planes", "lines_equal", "wide_view"]
+__all__ = ["EncodedBatch", "encode_planes", "encode_planes_at", "lines_equal", "wide_view"]
 
 
 @dataclass
@@ -294,3 +294,84 @@ def _encode_numba(planes, g, key_planes, has_key, ref_rows, keyed, intra, inrow)
         x, key, n, own, keyed, bool(inrow), bool(intra), refs, g.image_planes, g.height, g.width
     )
     return EncodedBatch(torch.from_numpy(data), torch.from_numpy(starts), torch.from_numpy(lengths), torch.from_numpy(checksums))
+
+
+def encode_planes_at(
+    sources: list[torch.Tensor],
+    row_src: torch.Tensor,
+    row_off: torch.Tensor,
+    key_src: torch.Tensor,
+    key_off: torch.Tensor,
+    has_key: torch.Tensor,
+    ref_rows: torch.Tensor,
+    geometry: RowGeometry,
+    *,
+    inrow: bool = True,
+    out: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> EncodedBatch:
+    """:func:`encode_planes` of rows that lie inside other buffers, read where they are.
+
+    Row ``r``'s byte planes are ``sources[row_src[r]]`` from byte ``row_off[r]`` on, its key
+    row's ``sources[key_src[r]]`` from ``key_off[r]`` (read only where ``has_key``). For 1-byte
+    dtypes the planes are the rows' bytes, so frames inside a batch of stacked observations are
+    encoded without first being copied out of it.
+
+    Args:
+        sources: flat contiguous uint8 tensors on the CPU.
+        row_src, row_off, key_src, key_off: int64 ``[n]``.
+        has_key: bool ``[n]``.
+        ref_rows: int32 ``[n]``, the reference row number stored with each row (checksums).
+        geometry: the rows' geometry.
+        inrow: as in :func:`encode_planes`.
+        out: optional uint8 scratch of at least ``n * geometry.raw_bytes`` bytes for the compiled
+            kernel to write into (a reused buffer spares the page faults of a fresh one); the
+            returned ``data`` is then a view of it, valid until it is written again.
+        backend: ``"auto"`` (the compiled kernel where Numba imports), ``"numba"`` or
+            ``"torch"`` (gathers the rows, then :func:`encode_planes`).
+
+    Returns:
+        The same :class:`EncodedBatch` as :func:`encode_planes` of the gathered rows.
+    """
+    n = row_src.shape[0]
+    g = geometry
+    RB = g.raw_bytes
+    if n == 0 or RB == 0 or resolve_backend(sources[0], backend, has_cpu_kernel=True) != "numba":
+        rows = _gather_rows(sources, row_src, row_off, RB).view(n, g.planes, g.height, g.width)
+        keys = _gather_rows(sources, torch.where(has_key, key_src, row_src), torch.where(has_key, key_off, row_off), RB)
+        return encode_planes(
+            rows, g, key_planes=keys.view_as(rows), has_key=has_key, ref_rows=ref_rows, inrow=inrow, backend="torch"
+        )
+    if out is None or out.numel() < n * RB:
+        out = torch.empty(n * RB, dtype=torch.uint8)
+    arrays = tuple(x.detach().view(-1).numpy() for x in sources)
+    keyed = bool(has_key.any())
+    starts, lengths, checksums, total = kernel_module("cpu.encoder").encode_rows_at(
+        arrays,
+        row_src.numpy(),
+        row_off.numpy(),
+        key_src.numpy(),
+        key_off.numpy(),
+        RB,
+        has_key.numpy(),
+        keyed,
+        bool(inrow),
+        False,
+        ref_rows.to(torch.int32).numpy(),
+        g.image_planes,
+        g.height,
+        g.width,
+        out.numpy(),
+    )
+    return EncodedBatch(out[:total], torch.from_numpy(starts), torch.from_numpy(lengths), torch.from_numpy(checksums))
+
+
+def _gather_rows(sources: list[torch.Tensor], src: torch.Tensor, off: torch.Tensor, row_bytes: int) -> torch.Tensor:
+    """uint8 ``[n, row_bytes]``: row ``r`` copied from ``sources[src[r]][off[r]:]``."""
+    rows = torch.empty(src.shape[0], row_bytes, dtype=torch.uint8, device=src.device)
+    span = torch.arange(row_bytes, device=src.device)
+    for k, source in enumerate(sources):
+        sel = (src == k).nonzero().squeeze(1)
+        if sel.numel():
+            rows[sel] = source.view(-1)[off.index_select(0, sel)[:, None] + span]
+    return rows

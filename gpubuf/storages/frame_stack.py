@@ -27,11 +27,12 @@ from typing import Any, Sequence
 
 import torch
 
+from gpubuf.codec.encoder import encode_planes_at
 from gpubuf.codec.format import RowGeometry
 from gpubuf.codec.framestack import match_frames
 from gpubuf.codec.store import RowStore
 from gpubuf.errors import SchemaMismatchError
-from gpubuf.ops._dispatch import resolve_backend
+from gpubuf.ops._dispatch import kernel_module, resolve_backend
 from gpubuf.ops.decode_rows import decode_rows, empty_output
 from gpubuf.storages._layout import Layout
 from gpubuf.storages.codec_storage import EncodedStorageBase, _norm_key, encode_rows, load_store_state, store_state
@@ -122,6 +123,7 @@ class FrameStackStorage(EncodedStorageBase):
         self.key_interval = key_interval
         self._tail: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (slot, frame ids [J, S], bytes [J, S, FB])
         self._scratch: list[torch.Tensor] | None = None  # reused copies of the batch for matching
+        self._encode_out: torch.Tensor | None = None  # reused output of the compiled encoder (fresh pages fault)
 
     # ------------------------------------------------------------------ layout
     def _choose(self, layout: Layout) -> list[int]:
@@ -205,7 +207,6 @@ class FrameStackStorage(EncodedStorageBase):
     def _write_encoded(self, ids: torch.Tensor, leaves: list[torch.Tensor], sequential: bool) -> None:
         n = ids.numel()
         J, S, FB = len(leaves), self._stack, self._frame_bytes
-        device = ids.device
         stacks = [leaf.contiguous().view(torch.uint8).reshape(n, S, FB) for leaf in leaves]
         tail = self._tail
         if tail is not None and not torch.equal(self._refs[:, tail[0]], tail[1]):
@@ -215,6 +216,67 @@ class FrameStackStorage(EncodedStorageBase):
             self._compact_frames(n * J * S)
             tail = self._tail
 
+        tail_frames = None if tail is None else [tail[2][j] for j in range(J)]
+        if resolve_backend(stacks[0], "auto", has_cpu_kernel=True) == "numba" and self._frame_geometry.itemsize == 1:
+            fid = self._write_compiled(stacks, tail_frames, None if tail is None else tail[1])
+        else:
+            fid = self._write_steps(stacks, tail_frames, None if tail is None else tail[1])
+        self._refs[:, ids] = fid.view(n + 1, J, S)[1:].permute(1, 0, 2).to(torch.int32)
+        last = n - 1
+        # torch.stack copies: the tail outlives the caller's batch.
+        self._tail = (int(ids[last]), fid.view(n + 1, J, S)[n].to(torch.int32), torch.stack([x[last] for x in stacks]))
+
+    def _write_compiled(self, stacks: list[torch.Tensor], tail_frames, tail_ids) -> torch.Tensor:
+        """Matches, numbers, keys and encodes the batch's new frames with the compiled kernels; returns the slots' frame numbers.
+
+        The new frames and their keys are read inside the batch where they lie (no gathering
+        copy), and only the few key frames of earlier batches are decoded.
+
+        Args:
+            stacks: uint8 ``[n, S, FB]`` per stacked leaf (contiguous).
+            tail_frames: the tail row's frames per leaf, or None.
+            tail_ids: int32 ``[J, S]``, the tail row's frame numbers, or None.
+
+        Returns:
+            int64 ``[(n + 1) * J * S]``, the frame number of every slot (see :func:`match_frames`).
+        """
+        J, S, FB = len(stacks), self._stack, self._frame_bytes
+        roots = match_frames(stacks, self._pairs, tail_frames, backend="numba")
+        first_id = self._n_frames
+        has_tail = tail_ids is not None
+        tail_ids = tail_ids.contiguous() if has_tail else torch.full((J, S), -1, dtype=torch.int32)
+        fid, src, off, keys, ages, key_src, key_off, stored = kernel_module("cpu.framestack").plan_frames(
+            roots.numpy(), tail_ids.view(-1).numpy(), has_tail, J, S, FB, first_id,
+            self._age.numpy(), self._frames.refs.numpy(), self.key_interval,
+        )
+        fid = torch.from_numpy(fid)
+        m = keys.shape[0]
+        if m == 0:
+            return fid
+        sources = [x.view(-1) for x in stacks]
+        if stored.shape[0]:
+            # Keys written by earlier batches (a few, at the batch start): decoded, after the batch's frames.
+            decoded = decode_rows(self._frames.table(), torch.from_numpy(stored), verify=self.verify, check_bounds=False)
+            sources.append(decoded.contiguous().view(torch.uint8).view(-1))
+        keys = torch.from_numpy(keys)
+        refs = keys.to(torch.int32)
+        if self._encode_out is None or self._encode_out.numel() < m * FB:
+            self._encode_out = torch.empty(m * FB, dtype=torch.uint8)
+        encoded = encode_planes_at(
+            sources, torch.from_numpy(src), torch.from_numpy(off), torch.from_numpy(key_src), torch.from_numpy(key_off),
+            keys >= 0, refs, self._frame_geometry, inrow=False, out=self._encode_out, backend="numba",
+        )
+        new_ids = torch.arange(first_id, first_id + m)
+        self._frames.write(new_ids, encoded, lambda: self._live_frames(fid[fid >= 0]), refs=refs)
+        self._age[first_id : first_id + m] = torch.from_numpy(ages)
+        self._n_frames = first_id + m
+        return fid
+
+    def _write_steps(self, stacks: list[torch.Tensor], tail_frames, tail_ids) -> torch.Tensor:
+        """:meth:`_write_compiled` as torch steps (any device, any dtype; the specification)."""
+        n = stacks[0].shape[0]
+        J, S, FB = len(stacks), self._stack, self._frame_bytes
+        device = stacks[0].device
         # The compiled matcher reads the frames in place; only the torch steps need the scratch copy.
         backend = "numba" if resolve_backend(stacks[0], "auto", has_cpu_kernel=True) == "numba" else "torch"
         buffers = None
@@ -223,9 +285,7 @@ class FrameStackStorage(EncodedStorageBase):
             if self._scratch is None or self._scratch[0].numel() < need or self._scratch[0].device != device:
                 self._scratch = [torch.empty(need, dtype=torch.uint8, device=device) for _ in range(J)]
             buffers = self._scratch
-        roots = match_frames(
-            stacks, self._pairs, None if tail is None else [tail[2][j] for j in range(J)], buffers=buffers, backend=backend
-        )
+        roots = match_frames(stacks, self._pairs, tail_frames, buffers=buffers, backend=backend)
         slots = (n + 1) * J * S
         slot_ids = torch.arange(slots, device=device)
         is_new = (roots == slot_ids) & (slot_ids >= J * S)
@@ -233,8 +293,8 @@ class FrameStackStorage(EncodedStorageBase):
         m = new_slots.numel()
         first_id = self._n_frames
         fid = torch.full((slots,), -1, dtype=torch.int64, device=device)
-        if tail is not None:
-            fid[: J * S] = tail[1].view(-1).to(torch.int64)
+        if tail_ids is not None:
+            fid[: J * S] = tail_ids.view(-1).to(torch.int64)
         fid[new_slots] = first_id + torch.arange(m, device=device)
         fid = fid.index_select(0, roots)
 
@@ -244,11 +304,7 @@ class FrameStackStorage(EncodedStorageBase):
             self._encode_new(new_bytes, keys, first_id, m, fid)
             self._age[first_id : first_id + m] = ages
             self._n_frames = first_id + m
-        self._refs[:, ids] = fid.view(n + 1, J, S)[1:].permute(1, 0, 2).to(torch.int32)
-        last = n - 1
-        self._tail = (
-            int(ids[last]), fid.view(n + 1, J, S)[n].to(torch.int32), torch.stack([x[last] for x in stacks]).clone()
-        )
+        return fid
 
     def _assign_keys(self, fid: torch.Tensor, new_slots: torch.Tensor, first_id: int, m: int):
         """Key frame and age of each new frame (a short host loop over the new frames of the batch)."""

@@ -4,7 +4,8 @@
 (``UP`` over ``REF`` over ``RUNS`` of the line or of its residual, whichever has fewer runs and
 only when smaller than the line, else ``RAW``), the same raw fallback for rows not strictly
 smaller coded, the same bytes and checksums. There the choices are whole-batch tensor steps;
-here each row is two passes over its lines, one to size it and one to write it.
+here each row is two passes over its lines, one to size it and one to write it, done one row
+after the other so that the second pass finds the row's bytes in cache.
 """
 
 from __future__ import annotations
@@ -94,26 +95,69 @@ def encode_rows(x, key, n, has_key, keyed, inrow, intra, ref_rows, image_planes,
     Returns:
         ``(data, starts, lengths, checksums)``: uint8 bytes and int64 ``[n]`` tables.
     """
-    # Flat arrays and offsets, not row views: a view per call costs reference counting.
     row_bytes = x.shape[0] // n
+    at = np.arange(n) * row_bytes
+    src = np.zeros(n, np.int64)
+    # A coded row is never longer than its raw bytes: n raw rows bound the output. Only the
+    # pages written are touched.
+    data = np.empty(n * row_bytes, np.uint8)
+    starts, lengths, checksums, total = encode_rows_at(
+        (x, key), src, at, src + 1, at, row_bytes, has_key, keyed, inrow, intra, ref_rows,
+        image_planes, height, width, data,
+    )
+    return data[:total], starts, lengths, checksums
+
+
+@njit(cache=True, nogil=True)
+def encode_rows_at(
+    srcs, x_src, x_off, key_src, key_off, row_bytes, has_key, keyed, inrow, intra, ref_rows,
+    image_planes, height, width, data,
+):  # pragma: no cover - compiled
+    """Encodes rows read where they lie, into ``data``, back to back.
+
+    Row ``r``'s planes are ``srcs[x_src[r]][x_off[r] : x_off[r] + row_bytes]`` and its reference
+    row's ``srcs[key_src[r]][key_off[r]:]`` (read only where ``has_key`` when ``keyed``), so rows
+    scattered over several buffers (frames inside stacked observations) need no gathering copy.
+
+    Each row is sized and written in one visit, while its bytes are still in cache.
+
+    Args:
+        srcs: a tuple of flat uint8 arrays.
+        x_src, x_off, key_src, key_off: int64 ``[n]``, where each row and its reference row lie.
+        row_bytes: bytes per row (``L * W > 0``).
+        has_key, keyed, inrow, intra, ref_rows, image_planes, height, width: as in
+            :func:`encode_rows`.
+        data: uint8 output of at least ``n * row_bytes`` bytes (rows are never longer raw).
+
+    Returns:
+        ``(starts, lengths, checksums, total)``: int64 ``[n]`` tables and the bytes written.
+    """
+    # Flat arrays and offsets, not row views: a view per call costs reference counting.
+    n = x_src.shape[0]
     lines = row_bytes // width
     mode_bytes = (lines + 3) // 4
-    modes = np.empty((n, lines), np.uint8)
-    runs = np.zeros((n, lines), np.int64)
-    resid = np.zeros((n, lines), np.bool_)
+    modes = np.empty(lines, np.uint8)
+    runs = np.zeros(lines, np.int64)
+    resid = np.zeros(lines, np.bool_)
+    starts = np.empty(n, np.int64)
     lengths = np.empty(n, np.int64)
+    checksums = np.empty(n, np.int64)
+    total = 0
     for r in range(n):
+        x = srcs[x_src[r]]
+        base = x_off[r]
         own_key = keyed and has_key[r]
+        key = srcs[key_src[r]] if own_key else x
+        key_base = key_off[r] if own_key else base
         size = mode_bytes
         y = 0
         q = 0
-        base = r * row_bytes
         for line in range(lines):
             i = base + line * width
             has_ref = not intra and (own_key or (inrow and q > 0))
             if own_key:
                 ref = key
-                j = i
+                j = key_base + line * width
             else:
                 ref = x
                 j = base + (line - q * height) * width
@@ -133,68 +177,68 @@ def encode_rows(x, key, n, has_key, keyed, inrow, intra, ref_rows, image_planes,
                         use = True
                 if count <= _MAX_RUNS and 2 * count < width:
                     mode = _RUNS
-                    runs[r, line] = count
-                    resid[r, line] = use
+                    runs[line] = count
+                    resid[line] = use
                     size += 2 * count
                 else:
                     size += width
-            modes[r, line] = mode
+            modes[line] = mode
             y += 1
             if y == height:
                 y = 0
                 q += 1
                 if q == image_planes:
                     q = 0
-        lengths[r] = size if size < row_bytes else row_bytes
-    starts = np.empty(n, np.int64)
-    total = 0
-    for r in range(n):
-        starts[r] = total
-        total += lengths[r]
-    data = np.empty(total, np.uint8)
-    checksums = np.empty(n, np.int64)
-    for r in range(n):
-        at = starts[r]
-        base = r * row_bytes
-        if lengths[r] == row_bytes:
+        length = size if size < row_bytes else row_bytes
+        at = total
+        starts[r] = at
+        lengths[r] = length
+        total += length
+        if length == row_bytes:
             for b in range(row_bytes):
                 data[at + b] = x[base + b]
         else:
-            for b in range(mode_bytes):
-                byte = 0
-                for k in range(4):
-                    line = 4 * b + k
-                    if line < lines:
-                        byte |= np.int64(modes[r, line]) << (2 * k)
-                data[at + b] = byte
-            count_at = at + mode_bytes
-            for line in range(lines):
-                if modes[r, line] == _RUNS:
-                    data[count_at] = (runs[r, line] - 1) | (_RESIDUAL_BIT if resid[r, line] else 0)
-                    count_at += 1
-            pos = count_at
-            own_key = keyed and has_key[r]
-            q = 0
+            _write_row(data, at, x, base, key, key_base, own_key, modes, runs, resid, mode_bytes, image_planes, height, width)
+        checksums[r] = _adler32(data, at, length, ref_rows[r])
+    return starts, lengths, checksums, total
+
+
+@njit(cache=True, nogil=True, inline="always")  # once per row, on the hot path
+def _write_row(data, at, x, base, key, key_base, own_key, modes, runs, resid, mode_bytes, image_planes, height, width):  # pragma: no cover
+    """Writes a coded row at ``data[at:]``: mode table, count bytes, then the line payloads."""
+    lines = modes.shape[0]
+    for b in range(mode_bytes):
+        byte = 0
+        for k in range(4):
+            line = 4 * b + k
+            if line < lines:
+                byte |= np.int64(modes[line]) << (2 * k)
+        data[at + b] = byte
+    count_at = at + mode_bytes
+    for line in range(lines):
+        if modes[line] == _RUNS:
+            data[count_at] = (runs[line] - 1) | (_RESIDUAL_BIT if resid[line] else 0)
+            count_at += 1
+    pos = count_at
+    q = 0
+    y = 0
+    for line in range(lines):
+        i = base + line * width
+        mode = modes[line]
+        if mode == _RAW:
+            for b in range(width):
+                data[pos + b] = x[i + b]
+            pos += width
+        elif mode == _RUNS:
+            c = runs[line]
+            if own_key:
+                _write_runs(data, pos, c, x, i, key, key_base + line * width, width, resid[line])
+            else:
+                _write_runs(data, pos, c, x, i, x, base + (line - q * height) * width, width, resid[line])
+            pos += 2 * c - 1
+        y += 1
+        if y == height:
             y = 0
-            for line in range(lines):
-                i = base + line * width
-                mode = modes[r, line]
-                if mode == _RAW:
-                    for b in range(width):
-                        data[pos + b] = x[i + b]
-                    pos += width
-                elif mode == _RUNS:
-                    c = runs[r, line]
-                    if own_key:
-                        _write_runs(data, pos, c, x, i, key, i, width, resid[r, line])
-                    else:
-                        _write_runs(data, pos, c, x, i, x, base + (line - q * height) * width, width, resid[r, line])
-                    pos += 2 * c - 1
-                y += 1
-                if y == height:
-                    y = 0
-                    q += 1
-                    if q == image_planes:
-                        q = 0
-        checksums[r] = _adler32(data, at, lengths[r], ref_rows[r])
-    return data, starts, lengths, checksums
+            q += 1
+            if q == image_planes:
+                q = 0

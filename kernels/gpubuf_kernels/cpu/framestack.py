@@ -80,3 +80,96 @@ def match_roots(stacks, tail, has_tail, n, S, F, cands, n_cands):  # pragma: no 
                         roots[slot] = roots[((row + 1) * J + jj) * S + kk]
                         break
     return roots
+
+
+@njit(cache=True, nogil=True)
+def plan_frames(roots, tail_ids, has_tail, J, S, FB, first_id, stored_age, stored_key, interval):  # pragma: no cover
+    """Frame numbers of every slot, and where each new frame lies and which key frame it is coded against.
+
+    The steps of ``FrameStackStorage._write_encoded`` after the matching, and of its
+    ``_assign_keys``, in one pass over the slots and one over the new frames.
+
+    Args:
+        roots: int64 ``[(n + 1) * J * S]``, :func:`match_roots`' result.
+        tail_ids: int ``[J * S]``, the tail row's frame numbers (read when ``has_tail``).
+        has_tail: whether row ``-1`` is a real row.
+        J, S, FB: leaves, positions per stack, bytes per frame.
+        first_id: the number the first new frame gets.
+        stored_age, stored_key: int32, by frame number, each stored frame's age and key frame.
+        interval: the key interval.
+
+    Returns:
+        ``(fid, src, off, keys, ages, key_src, key_off, stored)``: ``fid`` int64 ``[slots]``, each
+        slot's frame number (-1 for the tail slots without a tail); for the ``m`` new frames, in
+        slot order, int64 ``src`` (leaf) and ``off`` (byte offset in that leaf's flat batch),
+        int64 ``keys`` (key frame, -1 for none) and int32 ``ages``; ``key_src``/``key_off``,
+        where each key frame lies: a new frame's place, or ``(J, k * FB)`` for ``stored[k]``, the
+        distinct key frames from earlier batches (to be decoded, in that order).
+    """
+    slots = roots.shape[0]
+    JS = J * S
+    fid = np.empty(slots, np.int64)
+    m = 0
+    # Roots first, numbered in slot order; then every other slot takes its root's number (a root
+    # may come later in slot order: within a stack, positions are matched from the last down).
+    for s in range(slots):
+        if roots[s] != s:
+            continue
+        if s < JS:
+            fid[s] = tail_ids[s] if has_tail else -1
+        else:
+            fid[s] = first_id + m
+            m += 1
+    for s in range(slots):
+        r = roots[s]
+        if r != s:
+            fid[s] = fid[r]
+    src = np.empty(m, np.int64)
+    off = np.empty(m, np.int64)
+    keys = np.empty(m, np.int64)
+    ages = np.empty(m, np.int32)
+    key_src = np.zeros(m, np.int64)
+    key_off = np.zeros(m, np.int64)
+    stored = np.empty(m, np.int64)
+    n_stored = 0
+    i = 0
+    for s in range(JS, slots):
+        if roots[s] != s:
+            continue
+        own = first_id + i
+        k = s % S
+        src[i] = (s // S) % J
+        off[i] = ((s // JS - 1) * S + k) * FB
+        # The predecessor: the frame before this one in its stack, when that is another frame.
+        p = fid[s - 1] if k > 0 else -1
+        if p == own:
+            p = -1
+        key = -1
+        age = 0
+        if 0 <= p < own:
+            if p >= first_id:
+                age, key = ages[p - first_id], keys[p - first_id]
+            else:
+                age, key = stored_age[p], stored_key[p]
+            age += 1
+            if age >= interval:
+                key = -1
+                age = 0
+            elif key < 0:
+                key = p
+        keys[i] = key
+        ages[i] = age
+        if key >= first_id:
+            key_src[i] = src[key - first_id]
+            key_off[i] = off[key - first_id]
+        elif key >= 0:
+            at = 0
+            while at < n_stored and stored[at] != key:
+                at += 1
+            if at == n_stored:
+                stored[at] = key
+                n_stored += 1
+            key_src[i] = J
+            key_off[i] = at * FB
+        i += 1
+    return fid, src, off, keys, ages, key_src, key_off, stored[:n_stored]
