@@ -19,6 +19,7 @@ from gpubuf.codec.errors import CorruptRowError
 from gpubuf.codec.format import MODE_RAW, MODE_REF, MODE_RUNS, MODE_UP, RESIDUAL_BIT, RUN_BLOCK, RowGeometry
 from gpubuf.errors import DeviceMismatchError, IndexOutOfRangeError
 from gpubuf.ops._dispatch import kernel_module, resolve_backend
+from gpubuf.ops.host_memory import empty_host
 
 __all__ = ["decode_rows", "decode_rows_ref", "RowTable", "empty_output"]
 
@@ -72,15 +73,14 @@ class RowTable:
 def empty_output(n: int, geometry: RowGeometry, device: torch.device) -> torch.Tensor:
     """A new ``[n, *shape]`` tensor of the geometry's dtype for decoded rows.
 
-    On the CPU it takes its memory from numpy's allocator: torch returns large CPU blocks to the
-    OS when they are freed, so every new batch would page-fault its memory in again, which costs
-    more than decoding it. The result is an ordinary torch tensor owning its memory.
+    On the CPU its memory comes from :func:`~gpubuf.ops.host_memory.empty_host`: page faults on
+    a fresh output would cost more than decoding it. The result is an ordinary torch tensor
+    owning its memory.
     """
     shape = (n, *geometry.shape)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=geometry.dtype).element_size()
-    if device.type != "cpu" or nbytes == 0:
+    if device.type != "cpu":
         return torch.empty(shape, dtype=geometry.dtype, device=device)
-    return torch.from_numpy(np.empty(nbytes, dtype=np.uint8)).view(geometry.dtype).view(shape)
+    return empty_host(shape, geometry.dtype)
 
 
 def _describe(bad_rows: list[int], status: list[int], what: str) -> str:

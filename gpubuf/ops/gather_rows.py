@@ -6,6 +6,7 @@ This is the op under every sample: a storage keeps each field (leaf) as a tensor
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -13,6 +14,7 @@ import torch
 from gpubuf.errors import SchemaMismatchError
 from gpubuf.ops import _checks
 from gpubuf.ops._dispatch import kernel_module, resolve_backend
+from gpubuf.ops.host_memory import LARGE_OUTPUT_BYTES, empty_host
 
 __all__ = ["gather_rows", "gather_rows_ref"]
 
@@ -108,7 +110,17 @@ def gather_rows_trusted(sources: Sequence[torch.Tensor], index: torch.Tensor) ->
     """
     if index.is_cuda and _triton_ok():
         return kernel_module("gather").gather_rows_triton(list(sources), index, None)
-    return [torch.index_select(src, 0, index) for src in sources]
+    if index.is_cuda:
+        return [torch.index_select(src, 0, index) for src in sources]
+    return [_index_select_host(src, index) for src in sources]
+
+
+def _index_select_host(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``index_select`` of CPU rows; a large result goes on huge pages (see :mod:`~gpubuf.ops.host_memory`)."""
+    shape = (index.shape[0], *src.shape[1:])
+    if math.prod(shape) * src.element_size() < LARGE_OUTPUT_BYTES:
+        return torch.index_select(src, 0, index)
+    return torch.index_select(src, 0, index, out=empty_host(shape, src.dtype))
 
 
 def _triton_ok() -> bool:
