@@ -86,6 +86,8 @@ def empty_host(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch
     """A new uninitialised contiguous CPU tensor of ``shape`` and ``dtype`` (see :func:`empty_host_bytes`)."""
     shape = tuple(int(s) for s in shape)
     nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)  # (an empty numpy block has stride 0: no dtype view)
     return empty_host_bytes(nbytes).view(dtype).view(shape)
 
 

@@ -66,6 +66,13 @@ def test_small_outputs_stay_on_the_heap(spy):
     assert spy == []
 
 
+@pytest.mark.parametrize("shape", [(0,), (4, 0, 3), (0, 84, 84)])
+@pytest.mark.parametrize("dtype", [torch.int16, torch.float64, torch.uint8])
+def test_empty_outputs_take_any_dtype(shape, dtype):
+    out = host_memory.empty_host(shape, dtype)
+    assert out.shape == shape and out.dtype == dtype and out.numel() == 0
+
+
 def test_large_output_is_a_huge_page_block_that_outlives_its_mapping_object(spy, small_threshold, tmp_path, monkeypatch):
     _thp_file(tmp_path, monkeypatch, "always [madvise] never\n")
     monkeypatch.delenv("GPUBUF_HUGE_PAGES", raising=False)
