@@ -416,6 +416,7 @@ def cpu_thresholds(request, monkeypatch):
     if request.param == "tiny":
         monkeypatch.setattr(sumtree_module, "_DESCENT_CHUNK", 7)
         monkeypatch.setattr(sumtree_module, "_SORT_MIN_DRAWS", 5)
+        monkeypatch.setattr(sumtree_module, "_KERNEL_SORT_MIN_DRAWS", 5)
         monkeypatch.setattr(sumtree_module, "_TABLE_DRAWS_PER_ROW", 1)
         monkeypatch.setattr(sumtree_module, "_WHOLE_NODES_PER_LEAF", 1)
     return request.param
@@ -594,3 +595,23 @@ def test_cpu_path_needs_no_triton():
     result = subprocess.run([sys.executable, "-c", _WITHOUT_TRITON], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("stratified", [False, True])
+def test_cpu_path_draws_in_mass_order_resume_scans_exactly(cpu_thresholds, cpu_backend, stratified):
+    """Draws in increasing mass resume a node's scan at the previous draw's child. Rows with zero
+    children after their positive ones, equal masses, and masses past a row's total (a root
+    larger than its children) must still give the twin's child, prefix and value at every draw."""
+    gen = torch.Generator().manual_seed(23)
+    tree = SumTree(256, fanout=4)
+    index = torch.tensor([i for i in range(256) if i % 4 in (0, 1) or i % 16 == 6])
+    priority = torch.rand(len(index), generator=gen, dtype=torch.float64) * 10.0 ** torch.randint(-3, 3, (len(index),), generator=gen)
+    sumtree_update(tree, index, priority, alpha=0.7, eps=1e-8, backend=cpu_backend)
+    for scale in (1.0, 1.5):
+        tree.sums[0] = float(tree.sums[1:5].sum()) * scale  # 1.5: the top half of the masses overshoot
+        u = torch.sort(torch.rand(300, generator=gen, dtype=torch.float64)).values
+        u[100:110] = u[100]  # equal masses resume at the same child
+        got = sumtree_sample(tree, u, stratified=stratified, backend=cpu_backend)
+        want = sumtree_sample_ref(tree, u, stratified=stratified)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        assert bool((got[1] > 0).all())

@@ -141,6 +141,14 @@ def sample(leaves, sums, offsets, sizes, shift, uniforms, stratified, order, out
     is "at or after ``#{c : csum[c] <= mass}``", the twin's wording.) Prefix sums come from a
     per-call table (:data:`TABLE_DRAWS_PER_ROW`) or are added up on the way; both add left to
     right, so they are the same numbers.
+
+    A draw whose node at a level is the previous draw's, with a residual mass at least as large,
+    resumes that node's scan at the previous draw's child (the prefix sum before it is kept):
+    every positive child before it has a prefix sum at most the previous mass, so it fails this
+    draw too, and the scan reaches the child a full scan would, through the same additions. A
+    mass past the row's total still gets the row's last positive child: the resumed scan starts
+    at a positive child, so it sees that one. In increasing order of mass (large batches) most
+    draws resume at every level.
     """
     n = uniforms.shape[0]
     fanout = 1 << shift
@@ -162,6 +170,11 @@ def sample(leaves, sums, offsets, sizes, shift, uniforms, stratified, order, out
                 for c in range(fanout):
                     csum += sums[row + c]
                     table[row + c] = csum
+    # Per level, the last draw that found its child there: node, child, prefix before it, mass.
+    seen_node = np.full(depth + 1, -1, np.int64)
+    seen_child = np.zeros(depth + 1, np.int64)
+    seen_before = np.zeros(depth + 1, np.float64)
+    seen_mass = np.zeros(depth + 1, np.float64)
     for i in range(n):
         b = i if in_order else order[i]
         if stratified:
@@ -170,13 +183,15 @@ def sample(leaves, sums, offsets, sizes, shift, uniforms, stratified, order, out
             mass = uniforms[b] * total
         node = 0
         for k in range(1, depth + 1):
+            resume = node == seen_node[k] and mass >= seen_mass[k]
+            start = seen_child[k] if resume else 0
             child = 0
             before = 0.0
             last = -1
             last_before = 0.0
             if tabled[k]:
                 row = offsets[k] + node * fanout
-                for c in range(fanout):
+                for c in range(start, fanout):
                     if sums[row + c] > 0.0:
                         if table[row + c] > mass:
                             child = c
@@ -186,8 +201,8 @@ def sample(leaves, sums, offsets, sizes, shift, uniforms, stratified, order, out
                         last = c
                         last_before = table[row + c - 1] if c else 0.0
             else:
-                csum = 0.0
-                for c in range(fanout):
+                csum = seen_before[k] if resume else 0.0
+                for c in range(start, fanout):
                     if k == depth:
                         x = np.float64(leaves[node * fanout + c])
                     else:
@@ -205,6 +220,11 @@ def sample(leaves, sums, offsets, sizes, shift, uniforms, stratified, order, out
             if last >= 0:
                 child = last
                 before = last_before
+            elif last == -2:
+                seen_node[k] = node
+                seen_child[k] = child
+                seen_before[k] = before
+                seen_mass[k] = mass
             mass -= before
             node = node * fanout + child
         out_index[b] = node
