@@ -108,17 +108,17 @@ def gather_rows_trusted(sources: Sequence[torch.Tensor], index: torch.Tensor) ->
     :func:`gather_rows_ref` (same device, 1-D integer index in range, rows contiguous). It skips
     the per-call validation, which costs more than the gather itself for small batches on CPU.
     """
-    if index.is_cuda and _triton_ok():
+    if not index.is_cuda:
+        return [_index_select_host(src, index) for src in sources]
+    if _triton_ok():
         return kernel_module("gather").gather_rows_triton(list(sources), index, None)
-    if index.is_cuda:
-        return [torch.index_select(src, 0, index) for src in sources]
-    return [_index_select_host(src, index) for src in sources]
+    return [torch.index_select(src, 0, index) for src in sources]
 
 
 def _index_select_host(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``index_select`` of CPU rows; a large result goes on huge pages (see :mod:`~gpubuf.ops.host_memory`)."""
     shape = (index.shape[0], *src.shape[1:])
-    if math.prod(shape) * src.element_size() < LARGE_OUTPUT_BYTES:
+    if math.prod(shape) * src.dtype.itemsize < LARGE_OUTPUT_BYTES:
         return torch.index_select(src, 0, index)
     return torch.index_select(src, 0, index, out=empty_host(shape, src.dtype))
 

@@ -18,6 +18,7 @@ are ``never``, or a platform without ``MADV_HUGEPAGE``.
 from __future__ import annotations
 
 import functools
+import math
 import mmap
 import os
 from pathlib import Path
@@ -85,7 +86,7 @@ def empty_host_bytes(nbytes: int) -> torch.Tensor:
 def empty_host(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
     """A new uninitialised contiguous CPU tensor of ``shape`` and ``dtype`` (see :func:`empty_host_bytes`)."""
     shape = tuple(int(s) for s in shape)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype)  # (an empty numpy block has stride 0: no dtype view)
     return empty_host_bytes(nbytes).view(dtype).view(shape)

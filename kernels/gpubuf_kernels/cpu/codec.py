@@ -44,6 +44,19 @@ _KEY_CACHE_ROWS = 16
 
 
 @njit(cache=True, nogil=True, inline="always")
+def next_line(y, q, height, image_planes):  # pragma: no cover - compiled
+    """``(y, q)`` of the line after line ``y`` of image plane ``q``: counted rather than divided
+    (two divisions a line cost more than the checks around them)."""
+    y += 1
+    if y == height:
+        y = 0
+        q += 1
+        if q == image_planes:
+            q = 0
+    return y, q
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _byte(arena, pos, last):  # pragma: no cover - compiled
     """``arena[pos]`` with ``pos`` clamped to ``[0, last]`` (0 for an empty arena), as the twin gathers."""
     if last < 0:
@@ -168,12 +181,7 @@ def _parse_fast(arena, off, nb, own_ref, as_key, image_planes, height, width, li
                     bad |= np.uint8(arena[p + k] >= arena[p + k + np.uint64(1)])
                 runs_ok &= bad == 0
             pos += 2 * n - 1
-        y += 1
-        if y == height:
-            y = 0
-            q += 1
-            if q == image_planes:
-                q = 0
+        y, q = next_line(y, q, height, image_planes)
     if pos - off != nb:
         status |= BAD_LENGTH
     return status, not runs_ok, payload
@@ -234,7 +242,7 @@ def _check_row(arena, off, nb, own_ref, as_key, stored, image_planes, height, wi
         count_at = off + mode_bytes
         pos = off + mode_bytes + n_runs
         payload = pos
-        # Line y of image plane q: counted, not divided (two divisions a line cost more than the checks).
+        # Line y of image plane q, advanced by next_line.
         y = 0
         q = 0
         for line in range(lines):
@@ -257,12 +265,7 @@ def _check_row(arena, off, nb, own_ref, as_key, stored, image_planes, height, wi
                 if not bad_runs and not _runs_ok(arena, pos, n, width, last):
                     bad_runs = True
                 pos += 2 * n - 1
-            y += 1
-            if y == height:
-                y = 0
-                q += 1
-                if q == image_planes:
-                    q = 0
+            y, q = next_line(y, q, height, image_planes)
         if pos - off != nb:
             status |= BAD_LENGTH
     # The twin checks the checksum of the rows that passed everything but the run starts.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from gpubuf_kernels.cpu.codec import _adler32
+from gpubuf_kernels.cpu.codec import _adler32, next_line
 
 _UP = 0
 _REF = 1
@@ -183,12 +183,7 @@ def encode_rows_at(
                 else:
                     size += width
             modes[line] = mode
-            y += 1
-            if y == height:
-                y = 0
-                q += 1
-                if q == image_planes:
-                    q = 0
+            y, q = next_line(y, q, height, image_planes)
         length = size if size < row_bytes else row_bytes
         at = total
         starts[r] = at
@@ -236,9 +231,4 @@ def _write_row(data, at, x, base, key, key_base, own_key, modes, runs, resid, mo
             else:
                 _write_runs(data, pos, c, x, i, x, base + (line - q * height) * width, width, resid[line])
             pos += 2 * c - 1
-        y += 1
-        if y == height:
-            y = 0
-            q += 1
-            if q == image_planes:
-                q = 0
+        y, q = next_line(y, q, height, image_planes)
