@@ -18,11 +18,24 @@ from gpubuf.codec.encoder import EncodedBatch
 from gpubuf.codec.format import RowGeometry
 from gpubuf.ops.decode_rows import RowTable
 from gpubuf.ops.gather_packed import gather_packed_trusted
+from gpubuf.ops.host_memory import HUGE_PAGE_BYTES, empty_host_bytes
 
 __all__ = ["RowStore"]
 
 _MIN_ARENA = 1 << 16
 _COPY_CHUNK = 1 << 22  # bytes per compaction step, to bound the index temporaries
+
+
+def _empty_arena(nbytes: int, device: torch.device) -> torch.Tensor:
+    """An uninitialised byte arena; on the CPU on huge pages from 2 MiB.
+
+    An arena is filled once, append by append, and replaced only when it is full: each of its
+    pages faults in once. In 2 MiB pages that is 512 times fewer faults, which on a filling
+    buffer of Atari frames is most of the time spent in the appends and compactions.
+    """
+    if device.type == "cpu":
+        return empty_host_bytes(nbytes, huge_from=HUGE_PAGE_BYTES, reuse=False)
+    return torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
 class RowStore:
@@ -111,7 +124,7 @@ class RowStore:
         capacity = self.arena.numel()
         if 2 * target > capacity:
             capacity = max(2 * target, _MIN_ARENA, reserve)
-        arena = torch.empty(capacity, dtype=torch.uint8, device=self.device)
+        arena = _empty_arena(capacity, self.device)
         new_offsets = torch.cumsum(lengths, 0) - lengths
         self._copy_rows(arena, self.offsets.index_select(0, kept), lengths)
         # Slots not kept keep length 0 and offset 0: they read as corrupt, never as old bytes.
@@ -126,8 +139,8 @@ class RowStore:
         """Copies rows ``arena[src_off[k] : +lengths[k]]`` to ``dst``, back to back from 0, in order.
 
         That is a packed gather of the rows (:func:`~gpubuf.ops.gather_packed.gather_packed_trusted`,
-        block copies on the CPU, one launch on CUDA), done in chunks of about ``_COPY_CHUNK``
-        bytes to bound its temporaries.
+        block copies on the CPU, one launch on CUDA) written straight into ``dst``, done in
+        chunks of about ``_COPY_CHUNK`` bytes to bound its index temporaries.
         """
         n = lengths.shape[0]
         if n == 0:
@@ -139,9 +152,9 @@ class RowStore:
             base = int(ends[first - 1]) if first else 0
             last = int(torch.searchsorted(ends, base + _COPY_CHUNK, right=True))
             last = min(max(last, first + 1), n)
+            end = int(ends[last - 1])
             rows = torch.arange(first, last, device=self.device)
-            (packed,), _ = gather_packed_trusted([self.arena], src_off, lengths, rows)
-            dst[base : base + packed.shape[0]].copy_(packed)
+            gather_packed_trusted([self.arena], src_off, lengths, rows, total=end - base, outs=[dst[base:end]])
             first = last
 
     # ------------------------------------------------------------------ rows

@@ -6,13 +6,21 @@ when first written: for a batch of 4,096 stacked Atari observations (231 MB) the
 more than filling the memory. Anonymous memory advised with ``MADV_HUGEPAGE`` faults in 2 MiB
 at a time instead, 512 times fewer faults.
 
+Faulting even 2 MiB pages in is not free: the kernel zeroes each one, and under a hypervisor
+that reclaims freed guest memory a fresh huge page can cost far more (measured here, a 231 MB
+batch of 4,096 Atari rows took 0.1 to 0.8 s to sample depending on the other allocations of the
+process). So a large block is kept mapped once its batch is freed, and the next batch of the
+same size reuses it, already faulted in: a training loop that samples one batch size pays the
+faults once. At most :data:`IDLE_BLOCKS` freed blocks are kept; :func:`release_idle_blocks`
+unmaps them (as ``torch.cuda.empty_cache`` does for the CUDA cache).
+
 Blocks below the threshold come from numpy's allocator (glibc's heap): it keeps freed blocks
 of a batch's size mapped, so the next batch of that size reuses their pages without faults.
-Either way the result is an ordinary, writable tensor that owns its memory (the mapping is
-released when the last tensor using it is freed).
+Either way the result is an ordinary, writable tensor that owns its memory; a kept block is
+reused only once no tensor (no view) of its previous batch is alive.
 
-``GPUBUF_HUGE_PAGES=0`` turns huge pages off; so does a kernel whose transparent huge pages
-are ``never``, or a platform without ``MADV_HUGEPAGE``.
+``GPUBUF_HUGE_PAGES=0`` turns huge pages and the kept blocks off; so does a kernel whose
+transparent huge pages are ``never``, or a platform without ``MADV_HUGEPAGE``.
 """
 
 from __future__ import annotations
@@ -21,15 +29,19 @@ import functools
 import math
 import mmap
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 #: Outputs of at least this many bytes go on huge pages (glibc's largest mmap threshold).
 LARGE_OUTPUT_BYTES = 32 << 20
 #: The transparent huge page size on x86-64 and most arm64 kernels; mappings are rounded up to it.
 HUGE_PAGE_BYTES = 2 << 20
+#: Freed huge-page blocks kept mapped for the next batches of their size.
+IDLE_BLOCKS = 2
 
 _THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
@@ -51,8 +63,55 @@ def huge_pages_enabled() -> bool:
     return os.environ.get("GPUBUF_HUGE_PAGES", "1") != "0" and _kernel_offers_huge_pages()
 
 
-def _huge_page_block(nbytes: int) -> torch.Tensor | None:
-    size = -(-nbytes // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+class _BlockCache:
+    """Huge-page blocks, with the storage of the batch each one last backed.
+
+    A block is free once that storage has died (no tensor or view of the batch is left), which
+    :class:`~torch.multiprocessing.reductions.StorageWeakRef` tells without keeping it alive.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # a prefetching sampler allocates from its own thread
+        self._blocks: list[tuple[mmap.mmap, StorageWeakRef]] = []
+
+    def take(self, nbytes: int) -> torch.Tensor | None:
+        size = -(-nbytes // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+        with self._lock:
+            block = None
+            for at, (candidate, ref) in enumerate(self._blocks):
+                if len(candidate) == size and ref.expired():
+                    block = candidate
+                    del self._blocks[at]
+                    break
+            if block is None:
+                self._trim(IDLE_BLOCKS - 1)  # room for this block among the idle ones later
+                block = _map_block(size)
+                if block is None:
+                    return None
+            # The tensor holds a reference to ``block``: the mapping lasts while any view does.
+            tensor = torch.frombuffer(block, dtype=torch.uint8, count=nbytes)
+            self._blocks.append((block, StorageWeakRef(tensor.untyped_storage())))
+            return tensor
+
+    def _trim(self, keep: int) -> None:
+        """Unmaps the oldest free blocks until at most ``keep`` are free."""
+        free = [at for at, (_, ref) in enumerate(self._blocks) if ref.expired()]
+        for at in reversed(free[: max(len(free) - keep, 0)]):
+            block, _ = self._blocks.pop(at)
+            try:
+                block.close()
+            except BufferError:  # pragma: no cover - an export outlived its storage
+                pass  # the mapping goes with that export
+
+    def release(self) -> None:
+        with self._lock:
+            self._trim(0)
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+
+def _map_block(size: int) -> mmap.mmap | None:
     try:
         block = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     except OSError:
@@ -61,23 +120,50 @@ def _huge_page_block(nbytes: int) -> torch.Tensor | None:
         block.madvise(mmap.MADV_HUGEPAGE)
     except OSError:
         pass  # advice refused: still a valid block of ordinary pages
-    # The tensor holds a reference to ``block``; the mapping goes when the last view does.
-    return torch.frombuffer(block, dtype=torch.uint8, count=nbytes)
+    return block
 
 
-def empty_host_bytes(nbytes: int) -> torch.Tensor:
+_CACHE = _BlockCache()
+
+
+def _huge_page_block(nbytes: int) -> torch.Tensor | None:
+    """A huge-page tensor of ``nbytes`` from the kept blocks, or None where mapping fails."""
+    return _CACHE.take(nbytes)
+
+
+def _single_huge_page_block(nbytes: int) -> torch.Tensor | None:
+    """A huge-page tensor of ``nbytes`` on a block of its own, unmapped with its last view."""
+    block = _map_block(-(-nbytes // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES)
+    return None if block is None else torch.frombuffer(block, dtype=torch.uint8, count=nbytes)
+
+
+def release_idle_blocks() -> None:
+    """Unmaps the huge-page blocks kept for reuse whose batches have been freed."""
+    _CACHE.release()
+
+
+def empty_host_bytes(nbytes: int, *, huge_from: int | None = None, reuse: bool = True) -> torch.Tensor:
     """A new uninitialised ``uint8`` CPU tensor of ``nbytes`` elements for an output batch.
 
     Args:
         nbytes: the size in bytes (``>= 0``).
 
+    Keyword Args:
+        huge_from: blocks of at least this many bytes go on huge pages (default
+            :data:`LARGE_OUTPUT_BYTES`). Long-lived blocks that are filled once (an encoded-row
+            arena) take :data:`HUGE_PAGE_BYTES`: the heap would not reuse them, so every 4 KiB
+            page of theirs would fault.
+        reuse: a huge-page block comes from, and goes back to, the blocks kept for reuse.
+            Blocks that live long and are replaced by larger ones (an arena) pass False: kept
+            after that, they would only hold memory.
+
     Returns:
         A contiguous, writable 1-D tensor that owns its memory; view it as the output's dtype
-        and shape. Blocks of at least :data:`LARGE_OUTPUT_BYTES` are on transparent huge pages
-        when :func:`huge_pages_enabled`.
+        and shape. Blocks of at least ``huge_from`` bytes are on transparent huge pages when
+        :func:`huge_pages_enabled`.
     """
-    if nbytes >= LARGE_OUTPUT_BYTES and huge_pages_enabled():
-        block = _huge_page_block(nbytes)
+    if nbytes >= (LARGE_OUTPUT_BYTES if huge_from is None else huge_from) and huge_pages_enabled():
+        block = _huge_page_block(nbytes) if reuse else _single_huge_page_block(nbytes)
         if block is not None:
             return block
     return torch.from_numpy(np.empty(nbytes, dtype=np.uint8))
@@ -92,4 +178,12 @@ def empty_host(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch
     return empty_host_bytes(nbytes).view(dtype).view(shape)
 
 
-__all__ = ["HUGE_PAGE_BYTES", "LARGE_OUTPUT_BYTES", "empty_host", "empty_host_bytes", "huge_pages_enabled"]
+__all__ = [
+    "HUGE_PAGE_BYTES",
+    "IDLE_BLOCKS",
+    "LARGE_OUTPUT_BYTES",
+    "empty_host",
+    "empty_host_bytes",
+    "huge_pages_enabled",
+    "release_idle_blocks",
+]

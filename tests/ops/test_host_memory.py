@@ -149,3 +149,85 @@ def test_large_decode_output_equals_the_twin(spy, small_threshold, tmp_path, mon
     got = decode_rows(table, index)
     assert spy, "the output did not take the huge-page path"
     assert torch.equal(got, decode_rows_ref(table, index))
+
+
+# ---------------------------------------------------------------------- kept blocks
+@pytest.fixture
+def cache(monkeypatch, small_threshold, tmp_path):
+    """A fresh cache of kept blocks, huge pages on, and a count of the blocks mapped."""
+    _thp_file(tmp_path, monkeypatch, "always [madvise] never\n")
+    monkeypatch.delenv("GPUBUF_HUGE_PAGES", raising=False)
+    fresh = host_memory._BlockCache()
+    monkeypatch.setattr(host_memory, "_CACHE", fresh)
+    mapped = []
+    real = host_memory._map_block
+
+    def counting(size):
+        mapped.append(size)
+        return real(size)
+
+    monkeypatch.setattr(host_memory, "_map_block", counting)
+    fresh.mapped = mapped
+    return fresh
+
+
+def test_a_freed_batch_block_is_reused_by_the_next_batch_of_its_size(cache):
+    first = host_memory.empty_host((1000, 3), torch.int64)
+    address = first.data_ptr()
+    del first
+    gc.collect()
+    second = host_memory.empty_host((1000, 3), torch.int64)
+    assert second.data_ptr() == address
+    assert len(cache.mapped) == 1
+    second.copy_(torch.arange(3000).reshape(1000, 3))
+    assert int(second.sum()) == sum(range(3000))
+
+
+def test_a_block_is_not_reused_while_a_view_of_its_batch_lives(cache):
+    first = host_memory.empty_host((1000, 3), torch.int64)
+    first.copy_(torch.arange(3000).reshape(1000, 3))
+    view = first[10:20]
+    address = first.data_ptr()
+    del first
+    gc.collect()
+    second = host_memory.empty_host((1000, 3), torch.int64)
+    assert second.data_ptr() != address
+    second.fill_(-1)
+    assert view.flatten().tolist() == list(range(30, 60))
+    assert len(cache.mapped) == 2
+
+
+def test_at_most_the_allowed_number_of_freed_blocks_stay_mapped(cache):
+    sizes = [host_memory.HUGE_PAGE_BYTES * k for k in (1, 2, 3, 4)]
+    batches = [host_memory.empty_host_bytes(size) for size in sizes]
+    del batches
+    gc.collect()
+    assert len(cache) == 4  # all freed, none unmapped yet: nothing asked for a new block
+    kept = host_memory.empty_host_bytes(host_memory.HUGE_PAGE_BYTES * 5)
+    idle = len(cache) - 1
+    assert idle <= host_memory.IDLE_BLOCKS - 1
+    # The newest freed blocks are the ones kept: a batch of the last size reuses its block.
+    before = len(cache.mapped)
+    host_memory.empty_host_bytes(sizes[-1])
+    assert len(cache.mapped) == before
+    del kept
+
+
+def test_release_unmaps_freed_blocks_and_keeps_live_ones(cache):
+    live = host_memory.empty_host((1000,), torch.float64)
+    live.fill_(1.5)
+    freed = host_memory.empty_host((2000,), torch.float64)
+    del freed
+    gc.collect()
+    assert len(cache) == 2
+    host_memory.release_idle_blocks()
+    assert len(cache) == 1
+    assert float(live.sum()) == 1500.0
+    again = host_memory.empty_host((2000,), torch.float64)
+    assert len(cache.mapped) == 3 and again.numel() == 2000
+
+
+def test_blocks_taken_without_reuse_are_not_kept(cache):
+    arena = host_memory.empty_host_bytes(host_memory.HUGE_PAGE_BYTES, huge_from=host_memory.HUGE_PAGE_BYTES, reuse=False)
+    assert arena.numel() == host_memory.HUGE_PAGE_BYTES and len(cache.mapped) == 1
+    assert len(cache) == 0

@@ -26,15 +26,18 @@ _RESIDUAL_BIT = 0x80
 
 @njit(cache=True, nogil=True, inline="always")  # a call costs more than a line
 def _equal(a, i, b, j, n):  # pragma: no cover - compiled
-    """``a[i : i + n] == b[j : j + n]``.
+    """``a[i : i + n] == b[j : j + n]``, in units of the arrays' dtype.
 
-    An OR of XORs over the whole line, with no early exit: that loop vectorizes, and most lines
-    compared are equal anyway (an early exit keeps it byte by byte, several times slower).
+    An OR of XORs over the whole line, with no early exit: most lines compared are equal anyway
+    (an early exit keeps it unit by unit, several times slower). Lines are short, below the
+    vectorized loop's minimum trip, so the loop runs scalar: comparing 4-byte units (the
+    callers pass views in the widest unit that divides the line and every offset) does a
+    quarter of the iterations (measured on 84-byte lines in cache: 8 ns a compare, 17-33 as bytes).
     """
     i = np.uint64(i)
     j = np.uint64(j)
-    acc = np.uint8(0)
-    for x in range(np.uint64(n)):
+    acc = a[i] ^ b[j]
+    for x in range(np.uint64(1), np.uint64(n)):
         acc |= a[i + x] ^ b[j + x]
     return acc == 0
 
@@ -102,7 +105,7 @@ def encode_rows(x, key, n, has_key, keyed, inrow, intra, ref_rows, image_planes,
     # pages written are touched.
     data = np.empty(n * row_bytes, np.uint8)
     starts, lengths, checksums, total = encode_rows_at(
-        (x, key), src, at, src + 1, at, row_bytes, has_key, keyed, inrow, intra, ref_rows,
+        (x, key), (x, key), 1, src, at, src + 1, at, row_bytes, has_key, keyed, inrow, intra, ref_rows,
         image_planes, height, width, data,
     )
     return data[:total], starts, lengths, checksums
@@ -110,7 +113,7 @@ def encode_rows(x, key, n, has_key, keyed, inrow, intra, ref_rows, image_planes,
 
 @njit(cache=True, nogil=True)
 def encode_rows_at(
-    srcs, x_src, x_off, key_src, key_off, row_bytes, has_key, keyed, inrow, intra, ref_rows,
+    srcs, units, unit, x_src, x_off, key_src, key_off, row_bytes, has_key, keyed, inrow, intra, ref_rows,
     image_planes, height, width, data,
 ):  # pragma: no cover - compiled
     """Encodes rows read where they lie, into ``data``, back to back.
@@ -123,6 +126,9 @@ def encode_rows_at(
 
     Args:
         srcs: a tuple of flat uint8 arrays.
+        units, unit: the same arrays viewed as unsigned integers of ``unit`` bytes, for the line
+            compares; ``unit`` divides ``width``, every offset and every array's size (``srcs``
+            itself with ``unit = 1``).
         x_src, x_off, key_src, key_off: int64 ``[n]``, where each row and its reference row lie.
         row_bytes: bytes per row (``L * W > 0``).
         has_key, keyed, inrow, intra, ref_rows, image_planes, height, width: as in
@@ -143,11 +149,14 @@ def encode_rows_at(
     lengths = np.empty(n, np.int64)
     checksums = np.empty(n, np.int64)
     total = 0
+    line_units = width // unit
     for r in range(n):
         x = srcs[x_src[r]]
+        xu = units[x_src[r]]
         base = x_off[r]
         own_key = keyed and has_key[r]
         key = srcs[key_src[r]] if own_key else x
+        keyu = units[key_src[r]] if own_key else xu
         key_base = key_off[r] if own_key else base
         size = mode_bytes
         y = 0
@@ -157,16 +166,18 @@ def encode_rows_at(
             has_ref = not intra and (own_key or (inrow and q > 0))
             if own_key:
                 ref = key
+                refu = keyu
                 j = key_base + line * width
             else:
                 ref = x
+                refu = xu
                 j = base + (line - q * height) * width
+            # UP is preferred to REF (it resolves inside the row): REF is tried only when UP fails.
             mode = _RAW
-            if has_ref and _equal(x, i, ref, j, width):
-                mode = _REF
-            # UP is preferred to REF: it resolves inside the row.
-            if y > 0 and _equal(x, i, x, i - width, width):
+            if y > 0 and _equal(xu, i // unit, xu, (i - width) // unit, line_units):
                 mode = _UP
+            elif has_ref and _equal(xu, i // unit, refu, j // unit, line_units):
+                mode = _REF
             if mode == _RAW:
                 count = _count_runs(x, i, ref, j, width, False)
                 use = False
