@@ -154,3 +154,40 @@ def test_reads_back_after_compiled_writes(atari, monkeypatch):
     index = torch.arange(len(data))
     got = storage.get(index)
     assert torch.equal(got["obs"], data["obs"]) and torch.equal(got["next_obs"], data["next_obs"])
+
+
+@pytest.mark.parametrize("width, unit", [(16, 8), (12, 4), (6, 2), (7, 1)])
+def test_line_compares_in_wide_units_see_every_byte(width, unit):
+    """Lines equal to the one above (or to the key's) but for one byte, at every position of a unit."""
+    from gpubuf.codec.encoder import _compare_units
+
+    gen = torch.Generator().manual_seed(width)
+    g = RowGeometry.of(torch.uint8, (2, 8, width))
+    RB = g.raw_bytes
+    n = 2 * width
+    rows = torch.randint(0, 4, (n, 1, 1, width), dtype=torch.uint8, generator=gen).expand(n, 2, 8, width).clone()
+    keys = rows.clone()
+    for r in range(n):
+        # Row r differs from its upper line and from its key in byte r % width of line 3 of plane 1.
+        rows[r, 1, 3, r % width] += 1
+    sources = [rows.reshape(-1).clone(), keys.reshape(-1).clone()]
+    arrays = tuple(s.numpy() for s in sources)
+    row_off = torch.arange(n) * RB
+    assert _compare_units(arrays, (row_off, row_off), width)[1] == unit
+    has_key = torch.arange(n) % 2 == 0
+    ref_rows = torch.where(has_key, torch.arange(n), -1).to(torch.int32)
+    want = encode_planes(rows, g, key_planes=keys, has_key=has_key, ref_rows=ref_rows, inrow=True, backend="torch")
+    got = encode_planes_at(
+        sources, torch.zeros(n, dtype=torch.int64), row_off, torch.ones(n, dtype=torch.int64), row_off, has_key, ref_rows, g,
+        inrow=True, backend="numba",
+    )
+    assert _same(got, want)
+    # An offset off the unit falls back to byte compares, with the same bytes out.
+    if unit > 1:
+        shifted = [torch.cat([torch.zeros(1, dtype=torch.uint8), s]) for s in sources]
+        assert _compare_units(tuple(s.numpy() for s in shifted), (row_off + 1, row_off + 1), width)[1] == 1
+        moved = encode_planes_at(
+            shifted, torch.zeros(n, dtype=torch.int64), row_off + 1, torch.ones(n, dtype=torch.int64), row_off + 1,
+            has_key, ref_rows, g, inrow=True, backend="numba",
+        )
+        assert _same(moved, want)
