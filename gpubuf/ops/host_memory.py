@@ -75,7 +75,7 @@ class _BlockCache:
         self._blocks: list[tuple[mmap.mmap, StorageWeakRef]] = []
 
     def take(self, nbytes: int) -> torch.Tensor | None:
-        size = -(-nbytes // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+        size = _block_size(nbytes)
         with self._lock:
             block = None
             for at, (candidate, ref) in enumerate(self._blocks):
@@ -111,6 +111,11 @@ class _BlockCache:
         return len(self._blocks)
 
 
+def _block_size(nbytes: int) -> int:
+    """``nbytes`` rounded up to whole huge pages."""
+    return -(-nbytes // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+
+
 def _map_block(size: int) -> mmap.mmap | None:
     try:
         block = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -124,6 +129,10 @@ def _map_block(size: int) -> mmap.mmap | None:
 
 
 _CACHE = _BlockCache()
+if hasattr(os, "register_at_fork"):
+    # A child forked while another thread held the lock would wait on it forever; its copies
+    # of the blocks are its own (private mappings), so it keeps them with a fresh lock.
+    os.register_at_fork(after_in_child=lambda: setattr(_CACHE, "_lock", threading.Lock()))
 
 
 def _huge_page_block(nbytes: int) -> torch.Tensor | None:
@@ -133,7 +142,7 @@ def _huge_page_block(nbytes: int) -> torch.Tensor | None:
 
 def _single_huge_page_block(nbytes: int) -> torch.Tensor | None:
     """A huge-page tensor of ``nbytes`` on a block of its own, unmapped with its last view."""
-    block = _map_block(-(-nbytes // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES)
+    block = _map_block(_block_size(nbytes))
     return None if block is None else torch.frombuffer(block, dtype=torch.uint8, count=nbytes)
 
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -25,18 +28,23 @@ from codec_helpers import make_table  # noqa: E402
 from gpubuf.ops.decode_rows import decode_rows, decode_rows_ref  # noqa: E402
 
 
+def _record_sizes(monkeypatch, name):
+    """Replaces ``host_memory.<name>`` by a wrapper that records the size it is called with."""
+    sizes = []
+    real = getattr(host_memory, name)
+
+    def recording(size):
+        sizes.append(size)
+        return real(size)
+
+    monkeypatch.setattr(host_memory, name, recording)
+    return sizes
+
+
 @pytest.fixture
 def spy(monkeypatch):
     """Counts huge-page blocks handed out."""
-    calls = []
-    real = host_memory._huge_page_block
-
-    def counting(nbytes):
-        calls.append(nbytes)
-        return real(nbytes)
-
-    monkeypatch.setattr(host_memory, "_huge_page_block", counting)
-    return calls
+    return _record_sizes(monkeypatch, "_huge_page_block")
 
 
 @pytest.fixture
@@ -159,15 +167,7 @@ def cache(monkeypatch, small_threshold, tmp_path):
     monkeypatch.delenv("GPUBUF_HUGE_PAGES", raising=False)
     fresh = host_memory._BlockCache()
     monkeypatch.setattr(host_memory, "_CACHE", fresh)
-    mapped = []
-    real = host_memory._map_block
-
-    def counting(size):
-        mapped.append(size)
-        return real(size)
-
-    monkeypatch.setattr(host_memory, "_map_block", counting)
-    fresh.mapped = mapped
+    fresh.mapped = _record_sizes(monkeypatch, "_map_block")
     return fresh
 
 
@@ -231,3 +231,26 @@ def test_blocks_taken_without_reuse_are_not_kept(cache):
     arena = host_memory.empty_host_bytes(host_memory.HUGE_PAGE_BYTES, huge_from=host_memory.HUGE_PAGE_BYTES, reuse=False)
     assert arena.numel() == host_memory.HUGE_PAGE_BYTES and len(cache.mapped) == 1
     assert len(cache) == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_the_cache_is_locked_can_allocate(cache):
+    with cache._lock:  # as if another thread were allocating at the moment of the fork
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                ok = host_memory.empty_host_bytes(8192).numel() == 8192
+            except BaseException:
+                ok = False
+            os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 20
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung on the cache's lock")
+        time.sleep(0.05)
+    assert os.waitstatus_to_exitcode(status) == 0
