@@ -17,7 +17,7 @@ from gpubuf.samplers.random import RandomSampler, _check_batch_size
 from gpubuf.storages._layout import is_tensor_collection
 from gpubuf.storages.base import Storage
 from gpubuf.storages.list import ListStorage
-from gpubuf.storages.tensor import _is_int
+from gpubuf.storages.tensor import TensorStorage, _is_int
 from gpubuf.writers import RoundRobinWriter, Writer
 
 # The cross-device machinery is imported lazily (``_route``): a buffer whose batches stay where
@@ -308,12 +308,14 @@ class ReplayBuffer:
     # ------------------------------------------------------------------ reading
     # A sample is a *draw* (the sampler's indices, under the lock, in the caller's thread) and a
     # *read* (gather, cross-device copy, transforms), which prefetch runs ahead in workers.
-    def _read(self, index: Any, fill: dict | None = None) -> Any:
+    def _read(self, index: Any, fill: dict | None = None, extra: dict | None = None) -> Any:
         """Reads the items at a sampler's ``index``; the gather runs as one op over every leaf.
 
         ``fill`` maps a layout key to a tensor that replaces that leaf instead of gathering it.
-        The batch lands on the buffer's batch device (see ``batch_device``); a CUDA batch made
-        on a side stream is only valid there until :meth:`_hand_out`.
+        ``extra`` maps keys to tensors of one entry per item (the sampler's info) that a
+        TensorDict batch gets as entries. The batch lands on the buffer's batch device (see
+        ``batch_device``); a CUDA batch made on a side stream is only valid there until
+        :meth:`_hand_out`.
         """
         storage = self._storage
         gather = getattr(storage, "_gather", None)
@@ -321,7 +323,7 @@ class ReplayBuffer:
             data = self._collate_fn(storage.get(index))
             if self._batch_device is not None and hasattr(data, "to"):
                 data = data.to(self._batch_device)
-            return data
+            return _attach(data, extra)
         flat = storage._flat_index(index)
         skip = value = None
         if fill:
@@ -337,11 +339,18 @@ class ReplayBuffer:
             # A sampler may hand out indices on the batch's device (a CUDA priority tree over a
             # host storage): the gather reads them where the rows are.
             leaves = transfer.gather(sources, flat.to(transfer.source), fills)
-            return _build_on(storage, leaves, [flat.shape[0]], transfer.target)
+            return _attach(_build_on(storage, leaves, [flat.shape[0]], transfer.target), extra)
         leaves = gather(flat, skip)
         if skip is not None:
             leaves[skip] = value
-        return storage._build(leaves, [flat.shape[0]])
+        if extra and type(storage)._build is TensorStorage._build and storage._layout.kind == "tensordict":
+            # Built with the entries in one construction: a validated set per entry afterwards
+            # costs as much as the construction itself.
+            batch_size = storage._batch_size([flat.shape[0]])
+            device = storage.device
+            entries = {key: _expand_as_batch(value.to(device), batch_size) for key, value in extra.items()}
+            return storage._build(leaves, [flat.shape[0]], extra=entries)
+        return _attach(storage._build(leaves, [flat.shape[0]]), extra)
 
     def _draw(self, batch_size: int) -> tuple[Any, dict]:
         """The sampler's indices and info for one batch. Called with the lock held."""
@@ -774,6 +783,21 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
         current = torch.cuda.current_device()
         return (current if a.index is None else a.index) == (current if b.index is None else b.index)
     return a.index == b.index or a.type == "cpu"
+
+
+def _expand_as_batch(value: torch.Tensor, batch_size: torch.Size) -> torch.Tensor:
+    """``value`` (one entry per item, led by the batch's first dims) broadcast to ``batch_size``."""
+    if value.ndim < len(batch_size):
+        value = value.reshape(value.shape + (1,) * (len(batch_size) - value.ndim)).expand(batch_size)
+    return value
+
+
+def _attach(data: Any, extra: dict | None) -> Any:
+    """Sets ``extra``'s entries on a TensorDict batch, on its device and batch size; other batches pass."""
+    if extra and isinstance(data, TensorDictBase):
+        for key, value in extra.items():
+            data.set(key, _expand_as_batch(value.to(data.device) if data.device else value, data.batch_size))
+    return data
 
 
 def _build_on(storage: Any, leaves: list, lead: list, device: torch.device) -> Any:

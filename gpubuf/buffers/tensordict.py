@@ -7,19 +7,13 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
-from gpubuf.buffers.base import ReplayBuffer
+from gpubuf.buffers.base import ReplayBuffer, _expand_as_batch
 from gpubuf.errors import UnsupportedDataError
 from gpubuf.samplers.base import Sampler
 from gpubuf.storages.tensor import TensorStorage
 from gpubuf.writers import TensorDictRoundRobinWriter
 
 _INDEX_KEY = ("index",)
-
-
-def _expand_as_batch(value: torch.Tensor, batch_size: torch.Size) -> torch.Tensor:
-    if value.ndim < len(batch_size):
-        value = value.reshape(value.shape + (1,) * (len(batch_size) - value.ndim)).expand(batch_size)
-    return value
 
 
 class TensorDictReplayBuffer(ReplayBuffer):
@@ -129,16 +123,15 @@ class TensorDictReplayBuffer(ReplayBuffer):
         if isinstance(self._storage, TensorStorage) and layout is not None and layout.index_of(_INDEX_KEY) is not None:
             # The stored "index" column is overwritten by the sampler's index below: skip its gather.
             fill = {_INDEX_KEY: self._index_value(index, layout, batch_size)}
-        data = self._read(index, fill)
-        if isinstance(data, TensorDictBase):
-            for key, value in info.items():
-                if key == "index" and fill is not None:
-                    continue
-                if isinstance(value, tuple):
-                    value = torch.stack(value, -1)
-                if isinstance(value, torch.Tensor):
-                    data.set(key, _expand_as_batch(value.to(data.device) if data.device else value, data.batch_size))
-        return data
+        extra = {}
+        for key, value in info.items():
+            if key == "index" and fill is not None:
+                continue
+            if isinstance(value, tuple):
+                value = torch.stack(value, -1)
+            if isinstance(value, torch.Tensor):
+                extra[key] = value
+        return self._read(index, fill, extra)
 
     def _index_value(self, index: Any, layout: Any, batch_size: int) -> torch.Tensor:
         if isinstance(index, tuple):

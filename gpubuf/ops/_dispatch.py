@@ -48,9 +48,24 @@ def numba_importable() -> bool:
     return True
 
 
+# ``os.environ.get`` encodes the key and decodes the value on every call: microseconds that the
+# small-batch sample path pays twice per step. CPython keeps the encoded pairs in a dict that
+# every ``os.environ[...] = ...`` (``monkeypatch.setenv`` included) updates; this reads it.
+_ENVIRON_DATA = getattr(os.environ, "_data", None)
+try:
+    _NUMBA_KEY = os.environ.encodekey("GPUBUF_NUMBA")  # type: ignore[attr-defined]
+    _OFF = os.environ.encodevalue("0")  # type: ignore[attr-defined]
+except AttributeError:  # pragma: no cover - not CPython's os._Environ
+    _ENVIRON_DATA = None
+
+
 def numba_enabled() -> bool:
     """True when ``"auto"`` may pick the CPU kernels: Numba imports and ``GPUBUF_NUMBA`` is not ``0``."""
-    return os.environ.get("GPUBUF_NUMBA", "1") != "0" and numba_importable()
+    if _ENVIRON_DATA is not None:
+        off = _ENVIRON_DATA.get(_NUMBA_KEY) == _OFF
+    else:  # pragma: no cover - not CPython's os._Environ
+        off = os.environ.get("GPUBUF_NUMBA", "1") == "0"
+    return not off and numba_importable()
 
 
 def resolve_backend(tensor: torch.Tensor, backend: str, *, has_cpu_kernel: bool = False) -> str:
@@ -94,6 +109,11 @@ def resolve_backend(tensor: torch.Tensor, backend: str, *, has_cpu_kernel: bool 
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
+@functools.lru_cache(maxsize=None)
 def kernel_module(name: str):
-    """Imports ``gpubuf_kernels.<name>`` on first use, so ``import gpubuf`` never imports Triton."""
+    """Imports ``gpubuf_kernels.<name>`` on first use, so ``import gpubuf`` never imports Triton.
+
+    Cached: the sample path asks for its kernels on every call, and ``import_module`` costs
+    microseconds each time.
+    """
     return importlib.import_module(f"gpubuf_kernels.{name}")

@@ -56,7 +56,7 @@ import numpy as np
 import torch
 
 from gpubuf.errors import DeviceMismatchError, IndexOutOfRangeError, PriorityError
-from gpubuf.ops._dispatch import kernel_module, resolve_backend
+from gpubuf.ops._dispatch import kernel_module, numba_enabled, resolve_backend
 
 __all__ = [
     "SumTree",
@@ -64,7 +64,13 @@ __all__ = [
     "sumtree_rebuild",
     "sumtree_sample",
     "sumtree_sample_ref",
+    "sumtree_sample_weighted",
+    "sumtree_draw_compiled",
+    "sumtree_draw_compiled_ready",
     "sumtree_update",
+    "sumtree_update_compiled",
+    "sumtree_update_compiled_ready",
+    "sumtree_update_max",
     "sumtree_update_ref",
     "transform_priority",
 ]
@@ -460,26 +466,87 @@ def sumtree_update(
 
         On any of these the tree is unchanged.
     """
+    _update(tree, index, priority, alpha, eps, limit, validate, backend)
+    return tree
+
+
+def sumtree_update_max(
+    tree: SumTree,
+    index: torch.Tensor,
+    priority: torch.Tensor,
+    *,
+    alpha: float = 1.0,
+    eps: float = 0.0,
+    limit: int | None = None,
+) -> float | None:
+    """:func:`sumtree_update` (``backend="auto"``, validated) that also reports the batch's largest priority.
+
+    Returns:
+        On a CPU tree with the compiled kernels, the largest raw priority given to a
+        non-negative index, as a float (``-inf`` when no index was): the kernel finds it while
+        checking, for free. Elsewhere None (a reduction would cost a call, or a CUDA
+        synchronisation): the caller computes it if it needs it.
+
+    Raises:
+        As :func:`sumtree_update`; the tree is then unchanged.
+    """
+    return _update(tree, index, priority, alpha, eps, limit, True, "auto")
+
+
+def sumtree_update_compiled_ready(tree: SumTree) -> bool:
+    """Whether :func:`sumtree_update_compiled` can run on ``tree``: a CPU tree, with the compiled kernels enabled."""
+    return tree.leaves.is_cpu and numba_enabled()
+
+
+def sumtree_update_compiled(
+    tree: SumTree, index: torch.Tensor, priority: torch.Tensor, alpha: float, eps: float, limit: int
+) -> float:
+    """:func:`sumtree_update_max` in one compiled call, for a caller that has checked the arguments' types.
+
+    For a sampler's hot path: a CPU tree (:func:`sumtree_update_compiled_ready`), ``index`` a
+    1-D ``int64`` CPU tensor, ``priority`` a CPU ``float32`` or ``float64`` tensor of the same
+    shape or of one element, ``alpha`` and ``eps`` finite and ``>= 0``, ``0 <= limit <=
+    capacity``. The values are still checked (NaN, infinite or negative priorities, overflow,
+    indices ``>= limit``), with :func:`sumtree_update`'s typed errors, before anything is
+    written.
+
+    The transform ``(p + eps) ** alpha`` is computed inside the kernel with the C library's
+    ``pow``: at B = 256 the four torch calls of :func:`transform_priority` cost more than the
+    update. Both are within an ulp of the exact ``float64`` power, so a leaf may differ from
+    :func:`sumtree_update`'s in its last bit (``float64`` trees; ``float32`` leaves round both
+    to the same value but in rare ties). Internal nodes are always recomputed from the leaves.
+
+    Returns:
+        The largest priority given to a non-negative index (``-inf`` when none was).
+    """
+    return _update_numba(tree, index, priority, alpha, eps, limit, transform_in_kernel=True)
+
+
+def _update(
+    tree: SumTree, index: Any, priority: Any, alpha: float, eps: float, limit: int | None, validate: bool, backend: str
+) -> float | None:
     index, priority = _validate_update(tree, index, priority, alpha, eps)
     if limit is None:
         limit = tree.capacity
     elif not 0 <= limit <= tree.capacity:
         raise ValueError(f"limit must lie in [0, {tree.capacity}], got {limit}")
     which = resolve_backend(tree.leaves, backend, has_cpu_kernel=True)
-    values = transform_priority(priority, alpha, eps, tree.dtype)
     if which == "numba":
-        return _update_numba(tree, index, priority, values, limit)
+        return _update_numba(tree, index, priority, alpha, eps, limit)
+    values = transform_priority(priority, alpha, eps, tree.dtype)
     if which == "torch" and tree.device.type == "cpu":
         has_negative = _check_values_cpu(tree, index, priority, values, limit, validate, alpha, eps)
-        return _update_cpu(tree, index, values, has_negative)
+        _update_cpu(tree, index, values, has_negative)
+        return None
     if validate:
         _check_values(tree, index, priority, values, limit)
     if which == "triton":
         if values.numel() == 1 and index.numel() != 1:
             values = values.expand(index.numel())
         kernel_module("sumtree").sumtree_update_triton(tree, index.to(torch.int64), values.contiguous())
-        return tree
-    return _apply_ref(tree, index, values)
+        return None
+    _apply_ref(tree, index, values)
+    return None
 
 
 def _check_values_cpu(
@@ -674,6 +741,72 @@ def sumtree_sample(
     if tree.device.type == "cpu":
         return _sample_cpu(tree, uniforms.to(torch.float64), stratified)
     return sumtree_sample_ref(tree, uniforms, stratified=stratified)
+
+
+def sumtree_sample_weighted(
+    tree: SumTree, uniforms: torch.Tensor, beta: float, *, stratified: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draws and their importance weights: :func:`sumtree_sample`, then :func:`importance_weights`.
+
+    Returns ``(index, importance_weights(value, tree.min(), beta))``. Where
+    :func:`sumtree_draw_compiled` applies, it runs instead: one compiled call for both steps.
+
+    Args:
+        tree: the tree; only read.
+        uniforms: 1-D ``float64`` draws in ``[0, 1)`` on the tree's device.
+        beta: the importance exponent.
+        stratified: as in :func:`sumtree_sample_ref`.
+
+    Returns:
+        ``(index, weight)``: ``int64 [B]`` and ``[B]`` in the leaf dtype, on the tree's device.
+
+    Raises:
+        As :func:`sumtree_sample`.
+    """
+    if (
+        isinstance(uniforms, torch.Tensor)
+        and uniforms.dtype == torch.float64
+        and uniforms.ndim == 1
+        and uniforms.is_cpu
+        and sumtree_draw_compiled_ready(tree, uniforms.shape[0])
+    ):
+        index, weight, _ = sumtree_draw_compiled(tree, uniforms, beta, stratified)
+        return index, weight
+    index, value = sumtree_sample(tree, uniforms, stratified=stratified)
+    return index, importance_weights(value, tree.min(), beta)
+
+
+def sumtree_draw_compiled_ready(tree: SumTree, batch_size: int) -> bool:
+    """Whether :func:`sumtree_draw_compiled` runs ``batch_size`` draws on ``tree``.
+
+    A CPU tree with the compiled kernels enabled, and fewer than :data:`_KERNEL_SORT_MIN_DRAWS`
+    draws (larger batches descend in increasing order of mass, see :func:`sumtree_sample`).
+    """
+    return batch_size < _KERNEL_SORT_MIN_DRAWS and tree.leaves.is_cpu and numba_enabled()
+
+
+def sumtree_draw_compiled(
+    tree: SumTree, uniforms: torch.Tensor, beta: float, stratified: bool
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """A small batch's draw and weights in one compiled call, for callers that checked the arguments.
+
+    For a sampler's hot path, where each torch call costs about as much as the descent:
+    :func:`sumtree_draw_compiled_ready` holds and ``uniforms`` is a 1-D ``float64`` CPU tensor.
+    The indices are :func:`sumtree_sample`'s; the weights are computed with the C library's
+    ``pow`` (:func:`importance_weights` uses ``torch.pow``), so they may differ from it in the
+    last bit of the ``float64`` power, before rounding to the leaf dtype.
+
+    Returns:
+        ``(index, weight, total)``: ``int64 [B]``, ``[B]`` in the leaf dtype, and the tree's
+        total as a float (nothing can be drawn when it is not positive; the draws are then
+        meaningless).
+    """
+    plan = _numba_plan(tree)
+    index, weight, _ = kernel_module("cpu.sumtree").draw(
+        plan.leaves, plan.sums, plan.mins, plan.offsets, plan.sizes, plan.shift, _numpy(uniforms), bool(stratified),
+        float(beta),
+    )
+    return torch.from_numpy(index), torch.from_numpy(weight), float(plan.sums[0])
 
 
 # -------------------------------------------------------------------- CPU fast path
@@ -1018,40 +1151,74 @@ def _numba_plan(tree: SumTree) -> _NumbaPlan:
     return plan.numba
 
 
-def _update_numba(
-    tree: SumTree, index: torch.Tensor, priority: torch.Tensor, values: torch.Tensor, limit: int
-) -> SumTree:
-    """The compiled update: one checking pass, then leaves and ancestors in one call.
+#: Priority dtypes the compiled update reads as they are; others are converted to float64 first.
+_KERNEL_PRIORITY_DTYPES = (torch.float32, torch.float64, torch.int64, torch.int32)
 
-    The check runs whatever ``validate`` says: the kernel writes through raw indices, so an
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's data as a NumPy array (no copy when it is contiguous)."""
+    # Attribute reads first: detach() and contiguous() each make a tensor even when not needed.
+    if tensor.requires_grad:
+        tensor = tensor.detach()
+    if not tensor.is_contiguous():
+        tensor = tensor.contiguous()
+    return tensor.numpy()
+
+
+def _update_numba(
+    tree: SumTree, index: torch.Tensor, priority: torch.Tensor, alpha: float, eps: float, limit: int,
+    transform_in_kernel: bool = False,
+) -> float:
+    """The compiled update: checks, leaves and ancestors in one call (the transform too, when asked).
+
+    The checks run whatever ``validate`` says: the kernel writes through raw indices, so an
     index past the tree must never reach it. On a failed check :func:`_check_values` raises its
-    precise error before anything is written.
+    precise error; nothing was written.
+
+    ``transform_in_kernel`` has the kernel compute ``(p + eps) ** alpha`` with the C library's
+    ``pow`` instead of :func:`transform_priority` (see :func:`sumtree_update_compiled`).
+
+    Returns:
+        The largest priority given to a non-negative index (``-inf`` when none was).
     """
     if index.numel() == 0:
         if priority.numel():
-            _check_values(tree, index, priority, values, limit)
-        return tree
+            _check_values(tree, index, priority, transform_priority(priority, alpha, eps, tree.dtype), limit)
+        return -math.inf
     kernels = kernel_module("cpu.sumtree")
     plan = _numba_plan(tree)
-    index64 = index.detach().to(torch.int64).contiguous().numpy()
-    p64 = priority.detach().to(torch.float64).contiguous().numpy()
-    vals = values.detach().contiguous()
-    if not kernels.scan_update(index64, p64, vals.numpy(), limit):
-        _check_values(tree, index, priority, values, limit)
+    if priority.dtype not in _KERNEL_PRIORITY_DTYPES:
+        priority = priority.to(torch.float64)
+    values = _NO_VALUES[tree.dtype] if transform_in_kernel else transform_priority(priority, alpha, eps, tree.dtype)
+    status, batch_max, _ = kernels.update_checked(
+        plan.leaves, plan.sums, plan.mins, plan.offsets, plan.sizes, plan.shift, _numpy(index), _numpy(priority),
+        values.numpy(), float(alpha), float(eps), limit, plan.marks,
+    )
+    if status != kernels.UPDATED:
+        _check_values(tree, index, priority, transform_priority(priority, alpha, eps, tree.dtype), limit)
         raise PriorityError("the update failed its checks")  # pragma: no cover - _check_values raised first
-    kernels.update(plan.leaves, plan.sums, plan.mins, plan.offsets, plan.sizes, plan.shift, index64, vals.numpy(), plan.marks)
-    return tree
+    return batch_max
 
 
 def _sample_numba(tree: SumTree, uniforms: torch.Tensor, stratified: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The compiled descent: ``B`` draws in one call, the twin's ``(index, value)``."""
+    """The compiled descent: ``B`` draws in one call, the twin's ``(index, value)``.
+
+    Batches below :data:`_KERNEL_SORT_MIN_DRAWS` descend level by level in draw order
+    (``descend``); larger ones draw by draw in increasing order of mass (``sample``).
+    """
     kernels = kernel_module("cpu.sumtree")
     plan = _numba_plan(tree)
     u = uniforms.detach().to(torch.float64).contiguous()
     n = u.numel()
     index = torch.empty(n, dtype=torch.int64)
     value = torch.empty(n, dtype=tree.dtype)
-    if stratified or n < _KERNEL_SORT_MIN_DRAWS:
+    if n < _KERNEL_SORT_MIN_DRAWS:
+        kernels.descend(
+            plan.leaves, plan.sums, plan.offsets, plan.sizes, plan.shift, u.numpy(), bool(stratified), index.numpy(),
+            value.numpy(),
+        )
+        return index, value
+    if stratified:
         order = _NO_ORDER  # stratified masses increase already
     else:
         # By increasing mass (as the torch path, one radix sort of 31-bit keys; ties cost only locality).
@@ -1064,3 +1231,5 @@ def _sample_numba(tree: SumTree, uniforms: torch.Tensor, stratified: bool) -> tu
 
 
 _NO_ORDER = torch.zeros(0, dtype=torch.int64)
+#: Empty ``values`` for ``update_checked``: the kernel then computes the transforms itself.
+_NO_VALUES = {dtype: torch.zeros(0, dtype=dtype) for dtype in _LEAF_DTYPES}

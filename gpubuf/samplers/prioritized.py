@@ -17,14 +17,26 @@ from gpubuf.errors import (
     PriorityError,
     SchemaMismatchError,
 )
-from gpubuf.ops.sumtree import SumTree, importance_weights, sumtree_rebuild, sumtree_sample, sumtree_update
+from gpubuf.ops.sumtree import (
+    SumTree,
+    sumtree_rebuild,
+    sumtree_draw_compiled,
+    sumtree_draw_compiled_ready,
+    sumtree_sample_weighted,
+    sumtree_update_compiled,
+    sumtree_update_compiled_ready,
+    sumtree_update_max,
+)
 from gpubuf.samplers.base import Sampler
 from gpubuf.samplers.random import _check_batch_size, _unravel
 
 __all__ = ["PrioritizedSampler"]
 
 _EMPTY = "cannot sample from an empty storage: extend the buffer first"
+_ALL_ZERO = "every priority is 0: nothing can be sampled (use eps > 0)"
 _REDUCTIONS = ("max", "min", "median", "mean")
+#: Priority dtypes :meth:`PrioritizedSampler._update_compiled` hands to the kernel as they are.
+_COMPILED_PRIORITY_DTYPES = (torch.float32, torch.float64)
 
 
 def _storage_device(storage: Any) -> torch.device | None:
@@ -313,14 +325,58 @@ class PrioritizedSampler(Sampler):
         """
         storage = storage if storage is not None else self._storage
         self._bind(storage)
+        if self._update_compiled(index, priority, storage):
+            return
         flat = self._flat_index(index, storage)
         prio = self._priority_tensor(priority, flat.numel())
-        sumtree_update(self._tree, flat, prio, alpha=self._alpha, eps=self._eps, limit=self._limit(storage))
-        self._track_max(flat, prio)
+        batch_max = sumtree_update_max(self._tree, flat, prio, alpha=self._alpha, eps=self._eps, limit=self._limit(storage))
+        self._track_max(flat, prio, batch_max)
 
-    def _track_max(self, index: torch.Tensor, priority: torch.Tensor) -> None:
-        """Updates the raw maximum priority after a successful update (TorchRL's ``_max_priority``)."""
+    def _update_compiled(self, index: Any, priority: Any, storage: Any) -> bool:
+        """The common update (a CPU tree, flat int64 indices and one priority each, as a sampled
+        batch has them) straight to the compiled kernel; False, having done nothing, when the
+        arguments take the general path.
+
+        A training step updates priorities as often as it samples, and at B = 256 the general
+        path's conversions and checks cost as much as the update itself. The kernel checks every
+        priority and index before writing (the typed errors of :meth:`update_priority`).
+        """
         current = self._max_priority[0]
+        if (
+            current is None
+            or self._max_priority_within_buffer
+            or type(index) is not torch.Tensor
+            or type(priority) is not torch.Tensor
+            or index.dtype != torch.int64
+            or index.ndim != 1
+            or priority.dtype not in _COMPILED_PRIORITY_DTYPES
+            or priority.shape != index.shape
+            or not index.is_cpu
+            or not priority.is_cpu
+            or not current.is_cpu
+            or (storage is not None and getattr(storage, "ndim", 1) != 1)
+            or not sumtree_update_compiled_ready(self._tree)
+        ):
+            return False
+        batch_max = sumtree_update_compiled(
+            self._tree, index, priority.detach(), self._alpha, self._eps, self._limit(storage)
+        )
+        if batch_max > float(current):
+            self._max_priority = (torch.tensor(batch_max, dtype=torch.float64), None)
+        return True
+
+    def _track_max(self, index: torch.Tensor, priority: torch.Tensor, batch_max: float | None = None) -> None:
+        """Updates the raw maximum priority after a successful update (TorchRL's ``_max_priority``).
+
+        ``batch_max`` is the update's largest priority at a non-negative index when the update
+        reported it (CPU trees with the compiled kernels), else None.
+        """
+        current = self._max_priority[0]
+        if current is not None and not self._max_priority_within_buffer and batch_max is not None:
+            # A running maximum read from the update: no tensor op unless it grows.
+            if batch_max > float(current):
+                self._max_priority = (torch.tensor(batch_max, dtype=torch.float64), None)
+            return
         if current is not None and not self._max_priority_within_buffer and index.device.type == "cpu":
             # On a CPU the smallest index is read without a synchronisation; with no index to
             # skip, the batch maximum is one reduction (three torch calls instead of nine).
@@ -389,10 +445,19 @@ class PrioritizedSampler(Sampler):
         if len(storage) == 0:
             raise EmptyBufferError(_EMPTY)
         tree = self._tree
-        if tree.device.type == "cpu" and not bool(tree.total() > 0):
-            raise EmptyBufferError("every priority is 0: nothing can be sampled (use eps > 0)")
-        index, value = sumtree_sample(tree, self._uniforms(batch_size), stratified=self.stratified)
-        weight = importance_weights(value, tree.min(), self._beta)
+        if sumtree_draw_compiled_ready(tree, batch_size) and getattr(storage, "ndim", 1) == 1:
+            # The common small batch on a CPU tree: draw and weights in one compiled call (the
+            # general path below spends as long again in torch calls).
+            index, weight, total = sumtree_draw_compiled(tree, self._uniforms(batch_size), self._beta, self.stratified)
+            if not total > 0:
+                raise EmptyBufferError(_ALL_ZERO)
+            target = _storage_device(storage)
+            if target is not None and target.type != "cpu":
+                index, weight = index.to(target), weight.to(target)
+            return index, {"priority_weight": weight}
+        if tree.device.type == "cpu" and not tree.total().item() > 0:
+            raise EmptyBufferError(_ALL_ZERO)
+        index, weight = sumtree_sample_weighted(tree, self._uniforms(batch_size), self._beta, stratified=self.stratified)
         target = _storage_device(storage)
         if target is not None and target != index.device:
             index, weight = index.to(target), weight.to(target)

@@ -292,3 +292,32 @@ def test_side_by_side_with_torchrl_sampler_without_replacement_epochs():
 
 def test_gpubuf_exports_errors_module():
     assert issubclass(gpubuf.errors.EmptyBufferError, RuntimeError)
+
+
+def test_large_cpu_leaves_go_on_huge_pages(monkeypatch):
+    """A leaf of 2 MiB or more is allocated on transparent huge pages (a sample's scattered rows
+    then cost no TLB walk each); smaller leaves keep the ordinary allocator. Either way the rows
+    read back, and the storage can still move to shared memory."""
+    import gpubuf.storages.tensor as tensor_module
+    from gpubuf.ops.host_memory import HUGE_PAGE_BYTES
+
+    calls = []
+    real = tensor_module.empty_host_bytes
+
+    def recording(nbytes, **kwargs):
+        calls.append((nbytes, kwargs))
+        return real(nbytes, **kwargs)
+
+    monkeypatch.setattr(tensor_module, "empty_host_bytes", recording)
+    n = 40_000
+    data = TensorDict({"obs": torch.randn(n, 16), "done": torch.rand(n, 1) > 0.5}, batch_size=[n])
+    storage = LazyTensorStorage(n)
+    TensorDictReplayBuffer(storage=storage).extend(data)
+    assert calls == [(n * 16 * 4, {"huge_from": HUGE_PAGE_BYTES, "reuse": False})]  # obs only: done is 40 kB
+    index = torch.randint(0, n, (64,), generator=torch.Generator().manual_seed(0))
+    got = storage.get(index)
+    assert torch.equal(got["obs"], data["obs"][index]) and torch.equal(got["done"], data["done"][index])
+    for leaf in storage._leaves:
+        leaf.share_memory_()
+        assert leaf.is_shared()
+    assert torch.equal(storage.get(index)["obs"], data["obs"][index])

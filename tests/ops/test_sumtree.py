@@ -19,10 +19,14 @@ from gpubuf.ops import sumtree as sumtree_module
 from gpubuf.ops.sumtree import (
     SumTree,
     importance_weights,
+    sumtree_draw_compiled,
+    sumtree_draw_compiled_ready,
     sumtree_rebuild,
     sumtree_sample,
     sumtree_sample_ref,
+    sumtree_sample_weighted,
     sumtree_update,
+    sumtree_update_compiled,
     sumtree_update_ref,
     transform_priority,
 )
@@ -497,6 +501,83 @@ def test_cpu_path_overflow_check_near_the_bound(cpu_backend):
     with pytest.raises(PriorityError, match="overflows"):
         sumtree_update(tree, torch.tensor([1]), torch.tensor([2e19]), alpha=2.0, backend=cpu_backend)  # 4e38: past float32
     assert tree.values()[1].item() == 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("b", [1, 3, 255, 1000])
+@pytest.mark.parametrize("stratified", [False, True])
+def test_level_by_level_descent_equals_twin(dtype, b, stratified):
+    """Batches below the sorting threshold descend level by level (prefix tables on the upper
+    levels from 256 draws, prefetch passes, scans without branches): the twin's draws exactly,
+    on a tree with zero leaves and a padded last row."""
+    assert b < sumtree_module._KERNEL_SORT_MIN_DRAWS
+    gen = torch.Generator().manual_seed(b)
+    capacity = 2**15 + 77
+    tree = SumTree(capacity, dtype=dtype)
+    priority = torch.rand(capacity, generator=gen, dtype=torch.float64) * (torch.rand(capacity, generator=gen) > 0.3)
+    sumtree_update(tree, torch.arange(capacity), priority, alpha=0.7, eps=0.0)
+    u = torch.rand(b, generator=gen, dtype=torch.float64)
+    u[0] = 1.0 - 2.0**-53  # a mass at the very top of the range
+    got = sumtree_sample(tree, u, stratified=stratified, backend="numba")
+    want = sumtree_sample_ref(tree, u, stratified=stratified)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert bool((got[1] > 0).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_compiled_draw_equals_sample_and_weights(dtype):
+    gen = torch.Generator().manual_seed(5)
+    tree = SumTree(5000, dtype=dtype)
+    sumtree_update(tree, torch.arange(5000), torch.rand(5000, generator=gen) + 0.01, alpha=0.6, eps=1e-8)
+    u = torch.rand(300, generator=gen, dtype=torch.float64)
+    assert sumtree_draw_compiled_ready(tree, 300) and not sumtree_draw_compiled_ready(tree, 4096)
+    index, weight, total = sumtree_draw_compiled(tree, u, 0.8, False)
+    want_index, want_value = sumtree_sample_ref(tree, u)
+    assert torch.equal(index, want_index) and weight.dtype == dtype and total == tree.total().item()
+    # The C library's pow against torch.pow: the same to an ulp of float64, before rounding.
+    rtol = 1e-6 if dtype == torch.float32 else 1e-15
+    torch.testing.assert_close(weight, importance_weights(want_value, tree.min(), 0.8), rtol=rtol, atol=0)
+    assert torch.equal(sumtree_sample_weighted(tree, u, 0.8)[0], want_index)
+    # Nothing to draw from: the total says so (the sampler raises on it).
+    assert sumtree_draw_compiled(SumTree(10, dtype=dtype), u[:4], 0.8, False)[2] == 0.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_compiled_update_equals_twin_up_to_the_transform(dtype):
+    """The sampler's one-call update computes (p + eps) ** alpha with the C library's pow: leaves
+    within an ulp of the twin's, internal nodes exactly the twin's rebuild of those leaves."""
+    gen = torch.Generator().manual_seed(11)
+    capacity = 3000
+    fast, twin = SumTree(capacity, dtype=dtype, fanout=8), SumTree(capacity, dtype=dtype, fanout=8)
+    for step in range(6):
+        b = [1, 7, 256, 900, 256, 3000][step]
+        index = torch.randint(-1 if step % 2 else 0, capacity, (b,), generator=gen)
+        priority = _priorities(0, b, gen).to(torch.float32 if step % 3 == 0 else torch.float64)
+        batch_max = sumtree_update_compiled(fast, index, priority, 0.7, 1e-8, capacity)
+        sumtree_update_ref(twin, index, priority, alpha=0.7, eps=1e-8)
+        valid = index >= 0
+        assert batch_max == (priority.double()[valid].max().item() if bool(valid.any()) else -math.inf)
+        torch.testing.assert_close(fast.leaves, twin.leaves, rtol=2.0**-52 if dtype == torch.float64 else 2.0**-23, atol=0)
+        rebuilt = sumtree_rebuild(fast.clone())
+        assert torch.equal(fast.sums, rebuilt.sums) and torch.equal(fast.mins, rebuilt.mins), f"step {step}"
+
+
+@pytest.mark.parametrize(
+    "index,priority,error,match",
+    [
+        (torch.tensor([1, 2]), torch.tensor([1.0, float("nan")]), PriorityError, "NaN"),
+        (torch.tensor([1, 2]), torch.tensor([float("inf"), 1.0]), PriorityError, "NaN or infinite"),
+        (torch.tensor([1, 2]), torch.tensor([1.0, -0.5]), PriorityError, "negative"),
+        (torch.tensor([1, 40]), torch.tensor([1.0, 2.0]), IndexOutOfRangeError, "out of range"),
+        (torch.tensor([1, 2]), torch.tensor([1.0, 2e19]), PriorityError, "overflows"),
+    ],
+)
+def test_compiled_update_rejects_bad_input_and_changes_nothing(index, priority, error, match):
+    tree = _filled()
+    before = tree.clone()
+    with pytest.raises(error, match=match):
+        sumtree_update_compiled(tree, index, priority, 2.0, 0.0, 40)
+    assert _same(tree, before)
 
 
 # ------------------------------------------------------------------------------ bad input
