@@ -57,6 +57,7 @@ import torch
 
 from gpubuf.errors import DeviceMismatchError, IndexOutOfRangeError, PriorityError
 from gpubuf.ops._dispatch import kernel_module, numba_enabled, resolve_backend
+from gpubuf.ops.host_memory import HUGE_PAGE_BYTES, empty_host_bytes
 
 __all__ = [
     "SumTree",
@@ -78,6 +79,18 @@ __all__ = [
 DEFAULT_FANOUT = 32
 _LEAF_DTYPES = (torch.float32, torch.float64)
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+def _zeros(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed 1-D tensor; on the CPU, one of 2 MiB or more on transparent huge pages.
+
+    A descent reads a few entries in rows scattered over the leaves, and a training step's gather
+    of scattered storage rows between two descents evicts their 4 KiB pages from the TLB; the
+    leaves of a tree of 2**20 float32 priorities fit two huge pages.
+    """
+    if device.type == "cpu" and n * dtype.itemsize >= HUGE_PAGE_BYTES:
+        return empty_host_bytes(n * dtype.itemsize, huge_from=HUGE_PAGE_BYTES, reuse=False).view(dtype).zero_()
+    return torch.zeros(n, dtype=dtype, device=device)
 
 
 class SumTree:
@@ -127,9 +140,9 @@ class SumTree:
             offsets.append(offsets[-1] + size)
         self.level_offsets = tuple(offsets)
         n_internal = offsets[-1]
-        self.leaves = torch.zeros((self.level_sizes[-2] + 1) * fanout, dtype=dtype, device=device)
-        self.sums = torch.zeros(n_internal, dtype=torch.float64, device=device)
-        self.mins = torch.full((n_internal,), math.inf, dtype=torch.float64, device=device)
+        self.leaves = _zeros((self.level_sizes[-2] + 1) * fanout, dtype, device)
+        self.sums = _zeros(n_internal, torch.float64, device)
+        self.mins = _zeros(n_internal, torch.float64, device).fill_(math.inf)
         self._reset_views()
 
     def _reset_views(self) -> None:
@@ -510,16 +523,18 @@ def sumtree_update_compiled(
     indices ``>= limit``), with :func:`sumtree_update`'s typed errors, before anything is
     written.
 
-    The transform ``(p + eps) ** alpha`` is computed inside the kernel with the C library's
-    ``pow``: at B = 256 the four torch calls of :func:`transform_priority` cost more than the
-    update. Both are within an ulp of the exact ``float64`` power, so a leaf may differ from
+    Below :data:`_KERNEL_SORT_MIN_DRAWS` indices, the transform ``(p + eps) ** alpha`` is
+    computed inside the kernel with the C library's ``pow``: at B = 256 the four torch calls of
+    :func:`transform_priority` cost more than the update. Both are within an ulp of the exact ``float64`` power, so a leaf may differ from
     :func:`sumtree_update`'s in its last bit (``float64`` trees; ``float32`` leaves round both
     to the same value but in rare ties). Internal nodes are always recomputed from the leaves.
 
     Returns:
         The largest priority given to a non-negative index (``-inf`` when none was).
     """
-    return _update_numba(tree, index, priority, alpha, eps, limit, transform_in_kernel=True)
+    # Large batches keep torch's vectorised pow: the C library's costs more than the calls it saves.
+    in_kernel = index.shape[0] < _KERNEL_SORT_MIN_DRAWS
+    return _update_numba(tree, index, priority, alpha, eps, limit, transform_in_kernel=in_kernel)
 
 
 def _update(
