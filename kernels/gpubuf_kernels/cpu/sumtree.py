@@ -119,6 +119,44 @@ def update(leaves, sums, mins, offsets, sizes, shift, index, values, marks):  # 
     return _refresh_ancestors(leaves, sums, mins, offsets, sizes, shift, index, marks)
 
 
+@njit(inline="always")
+def _leaf_rows(leaves, ra, rb, fanout):  # pragma: no cover - compiled
+    """Sums (float64, left to right) and positive minima (``+inf`` if none) of two leaf rows."""
+    ta = 0.0
+    tb = 0.0
+    sa = _INF
+    sb = _INF
+    for t in range(np.uint64(fanout)):
+        xa = np.float64(leaves[ra + t])
+        xb = np.float64(leaves[rb + t])
+        ta += xa
+        tb += xb
+        if xa > 0.0 and xa < sa:
+            sa = xa
+        if xb > 0.0 and xb < sb:
+            sb = xb
+    return ta, sa, tb, sb
+
+
+@njit(inline="always")
+def _node_rows(sums, mins, ra, rb, fanout):  # pragma: no cover - compiled
+    """Sums (left to right) and minima of two rows of internal nodes."""
+    ta = 0.0
+    tb = 0.0
+    sa = _INF
+    sb = _INF
+    for t in range(np.uint64(fanout)):
+        ta += sums[ra + t]
+        tb += sums[rb + t]
+        ya = mins[ra + t]
+        yb = mins[rb + t]
+        if ya < sa:
+            sa = ya
+        if yb < sb:
+            sb = yb
+    return ta, sa, tb, sb
+
+
 @njit(cache=True, nogil=True)
 def _refresh_ancestors(leaves, sums, mins, offsets, sizes, shift, index, marks):  # pragma: no cover - compiled
     """Recomputes, once each, every ancestor of the non-negative entries of ``index``.
@@ -157,26 +195,29 @@ def _refresh_ancestors(leaves, sums, mins, offsets, sizes, shift, index, marks):
                 row = offsets[k + 1] + nodes[c] * fanout
                 for t in range(0, fanout, 8):
                     touched += sums[row + t] + mins[row + t]
-        for c in range(count):
-            j = nodes[c]
-            marks[base + j] = 0
-            total = 0.0
-            smallest = _INF
+        # Two rows at a time: each row's sum is a chain of dependent additions (left to right,
+        # the twins' order), and two chains side by side keep the adder busy. Unsigned
+        # positions spare every load Numba's test for a negative index. (Both measured side by
+        # side on 2**20 leaves and 256 indices: 0.77 times the time of one row at a time.)
+        src = np.uint64(0 if k == depth - 1 else offsets[k + 1])
+        c = 0
+        while c < count:
+            pair = c + 1 < count
+            ja = nodes[c]
+            jb = nodes[c + 1] if pair else ja
+            ra = src + np.uint64(ja * fanout)
+            rb = src + np.uint64(jb * fanout)
             if k == depth - 1:
-                row = j * fanout
-                for t in range(fanout):
-                    x = np.float64(leaves[row + t])
-                    total += x
-                    if x > 0.0 and x < smallest:
-                        smallest = x
+                ta, sa, tb, sb = _leaf_rows(leaves, ra, rb, fanout)
             else:
-                row = offsets[k + 1] + j * fanout
-                for t in range(fanout):
-                    total += sums[row + t]
-                    if mins[row + t] < smallest:
-                        smallest = mins[row + t]
-            sums[base + j] = total
-            mins[base + j] = smallest
+                ta, sa, tb, sb = _node_rows(sums, mins, ra, rb, fanout)
+            sums[base + ja] = ta
+            mins[base + ja] = sa
+            marks[base + ja] = 0
+            sums[base + jb] = tb
+            mins[base + jb] = sb
+            marks[base + jb] = 0
+            c += 2
         if k == 0:
             return touched
         k -= 1
@@ -321,13 +362,16 @@ def _scan_row(src, row, fanout, mass):  # pragma: no cover - compiled
     """``#{c : csum[c] <= mass}`` over a row's inclusive float64 prefix sums, and the last such ``csum``.
 
     No branch depends on the data: a descent's rows end in a mispredicted exit otherwise, and
-    the processor could not run ahead into the next draw's row.
+    the processor could not run ahead into the next draw's row. Unsigned positions spare every
+    load Numba's test for a negative index (measured side by side on 2**20 leaves and 256
+    draws: the descent in 0.8 times the time).
     """
     csum = 0.0
     count = 0
     before = 0.0
-    for c in range(fanout):
-        csum += np.float64(src[row + c])
+    start = np.uint64(row)
+    for c in range(np.uint64(fanout)):
+        csum += np.float64(src[start + c])
         below = csum <= mass
         count += below
         before = csum if below else before
@@ -381,8 +425,9 @@ def descend(leaves, sums, offsets, sizes, shift, uniforms, stratified, out_index
                 m = mass[b]
                 row = base + node[b] * fanout
                 count = 0
-                for c in range(fanout):
-                    count += table[row + c] <= m
+                start = np.uint64(row)
+                for c in range(np.uint64(fanout)):
+                    count += table[start + c] <= m
                 if count < fanout:
                     child = count
                     before = table[row + count - 1] if count else 0.0
