@@ -9,11 +9,12 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from gpubuf.errors import SchemaMismatchError
 from gpubuf.ops import _checks
-from gpubuf.ops._dispatch import kernel_module, resolve_backend
+from gpubuf.ops._dispatch import kernel_module, numba_enabled, resolve_backend
 from gpubuf.ops.host_memory import LARGE_OUTPUT_BYTES, empty_host
 
 __all__ = ["gather_rows", "gather_rows_ref"]
@@ -98,6 +99,8 @@ def gather_rows(
         _checks.check_index_range(index, sources[0].shape[0])
     if which == "triton":
         return kernel_module("gather").gather_rows_triton(list(sources), index, None if outs is None else list(outs))
+    if backend == "auto" and _ordered_gather_applies(sources, index):
+        return _gather_ordered(sources, index, outs)
     return gather_rows_ref(sources, index, outs)
 
 
@@ -109,10 +112,55 @@ def gather_rows_trusted(sources: Sequence[torch.Tensor], index: torch.Tensor) ->
     the per-call validation, which costs more than the gather itself for small batches on CPU.
     """
     if not index.is_cuda:
+        if _ordered_gather_applies(sources, index):
+            return _gather_ordered(sources, index, None)
         return [_index_select_host(src, index) for src in sources]
     if _triton_ok():
         return kernel_module("gather").gather_rows_triton(list(sources), index, None)
     return [torch.index_select(src, 0, index) for src in sources]
+
+
+#: From this many rows on, a CPU gather with the compiled kernels reads the rows in address
+#: order (``gpubuf_kernels.cpu.gather_rows``). Measured side by side against ``index_select`` on
+#: 1M rows of 292 B over five fields: 1.4 times the time at 1,024 rows (the ordering does not
+#: pay), 0.87 times at 4,096, 0.76 at 8,192, 0.72 at 65,536.
+ORDERED_GATHER_MIN_ROWS = 4096
+
+
+def _ordered_gather_applies(sources: Sequence[torch.Tensor], index: torch.Tensor) -> bool:
+    return (
+        index.shape[0] >= ORDERED_GATHER_MIN_ROWS
+        and index.device.type == "cpu"
+        and all(src.is_contiguous() and src.device.type == "cpu" for src in sources)
+        and numba_enabled()
+    )
+
+
+def _bytes(tensor: torch.Tensor, rows: int) -> np.ndarray:
+    """A contiguous CPU tensor of ``rows`` rows as a uint8 ``[rows, row_bytes]`` array (no copy)."""
+    return tensor.reshape(rows, -1).view(torch.uint8).numpy()
+
+
+def _gather_ordered(
+    sources: Sequence[torch.Tensor], index: torch.Tensor, outs: Sequence[torch.Tensor] | None
+) -> list[torch.Tensor]:
+    """The twin's gather, done by the compiled kernel in address order (contiguous CPU sources)."""
+    kernels = kernel_module("cpu.gather_rows")
+    b = index.shape[0]
+    if outs is None:
+        outs = [_empty_out((b, *src.shape[1:]), src.dtype) for src in sources]
+    index64 = index.to(torch.int64).contiguous().numpy()
+    order = kernels.row_order(index64, sources[0].shape[0])
+    kernels.gather_rows(
+        tuple(_bytes(src, src.shape[0]) for src in sources), tuple(_bytes(out, b) for out in outs), index64, order
+    )
+    return list(outs)
+
+
+def _empty_out(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    if math.prod(shape) * dtype.itemsize < LARGE_OUTPUT_BYTES:
+        return torch.empty(shape, dtype=dtype)
+    return empty_host(shape, dtype)
 
 
 def _index_select_host(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -300,24 +300,28 @@ def sample(leaves, sums, offsets, sizes, shift, uniforms, stratified, order, out
             before = 0.0
             last = -1
             last_before = 0.0
+            # Unsigned positions: see _scan_row.
             if tabled[k]:
-                row = offsets[k] + node * fanout
+                row = np.uint64(offsets[k] + node * fanout)
                 for c in range(start, fanout):
-                    if sums[row + c] > 0.0:
-                        if table[row + c] > mass:
+                    at = row + np.uint64(c)
+                    if sums[at] > 0.0:
+                        if table[at] > mass:
                             child = c
-                            before = table[row + c - 1] if c else 0.0
+                            before = table[at - np.uint64(1)] if c else 0.0
                             last = -2  # found
                             break
                         last = c
-                        last_before = table[row + c - 1] if c else 0.0
+                        last_before = table[at - np.uint64(1)] if c else 0.0
             else:
                 csum = seen_before[k] if resume else 0.0
+                row = np.uint64(node * fanout) if k == depth else np.uint64(offsets[k] + node * fanout)
                 for c in range(start, fanout):
+                    at = row + np.uint64(c)
                     if k == depth:
-                        x = np.float64(leaves[node * fanout + c])
+                        x = np.float64(leaves[at])
                     else:
-                        x = sums[offsets[k] + node * fanout + c]
+                        x = sums[at]
                     prev = csum
                     csum += x
                     if x > 0.0:
