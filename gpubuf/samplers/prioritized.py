@@ -34,6 +34,7 @@ __all__ = ["PrioritizedSampler"]
 
 _EMPTY = "cannot sample from an empty storage: extend the buffer first"
 _ALL_ZERO = "every priority is 0: nothing can be sampled (use eps > 0)"
+_UNBOUND = object()
 _REDUCTIONS = ("max", "min", "median", "mean")
 #: Priority dtypes :meth:`PrioritizedSampler._update_compiled` hands to the kernel as they are.
 _COMPILED_PRIORITY_DTYPES = (torch.float32, torch.float64)
@@ -145,6 +146,7 @@ class PrioritizedSampler(Sampler):
         self.stratified = bool(stratified)
         self._device = None if device is None else torch.device(device)
         self._storage: Any = None
+        self._bound_device_attr: Any = _UNBOUND
         self._tree = SumTree(self._max_capacity, dtype=dtype, device=self._device or "cpu")
         self._max_priority: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
 
@@ -206,7 +208,11 @@ class PrioritizedSampler(Sampler):
         """Remembers ``storage`` and, without an explicit device, moves the tree to the storage's."""
         if storage is None:
             return
+        device_attr = getattr(storage, "device", None)
+        if storage is self._storage and device_attr is self._bound_device_attr:
+            return  # the same storage, its device unchanged since the last call (every sample and update calls this)
         self._storage = storage
+        self._bound_device_attr = device_attr
         if self._device is None:
             device = _storage_device(storage)
             if device is not None and device != self._tree.device:

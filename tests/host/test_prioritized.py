@@ -548,3 +548,24 @@ def test_bad_mark_update_and_sample_args():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         rb.sample(1)
+
+
+def test_tree_follows_a_storage_whose_device_becomes_known():
+    """The sampler skips re-binding the same storage, but not once the storage's device changes
+    (an auto-device storage learns its device at its first write)."""
+
+    class Storage:
+        device = "auto"
+        ndim = 1
+
+        def __len__(self) -> int:
+            return 0
+
+    storage = Storage()
+    sampler = PrioritizedSampler(10, alpha=1.0, beta=1.0)
+    sampler._bind(storage)
+    sampler._bind(storage)
+    assert sampler.device.type == "cpu"
+    storage.device = torch.device("meta")
+    sampler._bind(storage)
+    assert sampler.device.type == "meta"
