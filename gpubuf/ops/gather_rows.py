@@ -112,9 +112,16 @@ def gather_rows_trusted(sources: Sequence[torch.Tensor], index: torch.Tensor) ->
     the per-call validation, which costs more than the gather itself for small batches on CPU.
     """
     if not index.is_cuda:
-        if _ordered_gather_applies(sources, index):
+        b = index.shape[0]
+        if b >= ORDERED_GATHER_MIN_ROWS and _ordered_gather_applies(sources, index):
             return _gather_ordered(sources, index, None)
-        return [_index_select_host(src, index) for src in sources]
+        # (Contiguous rows: ``stride(0)`` elements each. Cheaper than forming the shape.)
+        return [
+            torch.index_select(src, 0, index)
+            if b * src.stride(0) * src.element_size() < LARGE_OUTPUT_BYTES
+            else _index_select_host(src, index)
+            for src in sources
+        ]
     if _triton_ok():
         return kernel_module("gather").gather_rows_triton(list(sources), index, None)
     return [torch.index_select(src, 0, index) for src in sources]
