@@ -40,6 +40,10 @@ Ops
   host synchronisation).
 * :func:`sumtree_rebuild`: recompute every internal node from the leaves, ``O(capacity)``.
 * :func:`importance_weights`: ``(value / p_min) ** (-beta)``.
+* :func:`sumtree_update_max` and :func:`sumtree_sample_weighted`: an update that also reports
+  the batch's largest priority, a draw with its weights. :func:`sumtree_update_compiled` and
+  :func:`sumtree_draw_compiled` are each one compiled call on a CPU tree, for a sampler's hot
+  path (their weights and transforms use the C library's ``pow``; see there).
 
 CUDA trees run Triton kernels. CPU trees run the compiled loops of ``gpubuf_kernels.cpu.sumtree``
 when Numba is installed (a B = 256 update or descent is then a few microseconds instead of

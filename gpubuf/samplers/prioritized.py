@@ -364,11 +364,8 @@ class PrioritizedSampler(Sampler):
             or not sumtree_update_compiled_ready(self._tree)
         ):
             return False
-        batch_max = sumtree_update_compiled(
-            self._tree, index, priority.detach(), self._alpha, self._eps, self._limit(storage)
-        )
-        if batch_max > float(current):
-            self._max_priority = (torch.tensor(batch_max, dtype=torch.float64), None)
+        batch_max = sumtree_update_compiled(self._tree, index, priority, self._alpha, self._eps, self._limit(storage))
+        self._track_max(index, priority, batch_max)
         return True
 
     def _track_max(self, index: torch.Tensor, priority: torch.Tensor, batch_max: float | None = None) -> None:
