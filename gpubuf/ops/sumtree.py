@@ -528,10 +528,12 @@ def sumtree_update_compiled(
     written.
 
     Below :data:`_KERNEL_SORT_MIN_DRAWS` indices, the transform ``(p + eps) ** alpha`` is
-    computed inside the kernel with the C library's ``pow``: at B = 256 the four torch calls of
-    :func:`transform_priority` cost more than the update. Both are within an ulp of the exact ``float64`` power, so a leaf may differ from
-    :func:`sumtree_update`'s in its last bit (``float64`` trees; ``float32`` leaves round both
-    to the same value but in rare ties). Internal nodes are always recomputed from the leaves.
+    computed inside the kernel with the C library's ``pow``: at B = 256, in a prioritized
+    cycle, the four torch calls of :func:`transform_priority` cost about as much as the update
+    itself. Both powers are within an ulp of the exact ``float64`` one, so a leaf may differ
+    from :func:`sumtree_update`'s in its last bit (``float64`` trees; ``float32`` leaves round
+    both to the same value but in rare ties). Internal nodes are always recomputed from the
+    leaves.
 
     Returns:
         The largest priority given to a non-negative index (``-inf`` when none was).

@@ -53,8 +53,8 @@ def update_checked(leaves, sums, mins, offsets, sizes, shift, index, priority, v
             largest reported).
         values: their transforms ``(p + eps) ** alpha`` in the leaf dtype, as written; or an
             empty array, and the kernel computes them with the C library's ``pow`` from
-            ``alpha`` and ``eps`` (no torch call, which costs more than the update at B = 256;
-            within an ulp of ``torch.pow``'s ``float64`` result, before rounding).
+            ``alpha`` and ``eps`` (no torch calls, which at B = 256 cost about as much as the
+            update; within an ulp of ``torch.pow``'s ``float64`` result, before rounding).
         alpha, eps: the transform, used when ``values`` is empty.
         limit: every index must be below it.
 
