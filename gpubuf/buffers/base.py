@@ -14,7 +14,7 @@ from gpubuf.buffers._transforms import TransformChain
 from gpubuf.errors import BatchSizeError, DeviceMismatchError
 from gpubuf.samplers.base import Sampler
 from gpubuf.samplers.random import RandomSampler, _check_batch_size
-from gpubuf.storages._layout import is_tensor_collection
+from gpubuf.storages._layout import expand_as_batch, is_tensor_collection
 from gpubuf.storages.base import Storage
 from gpubuf.storages.list import ListStorage
 from gpubuf.storages.tensor import TensorStorage, _is_int
@@ -346,10 +346,7 @@ class ReplayBuffer:
         if extra and type(storage)._build is TensorStorage._build and storage._layout.kind == "tensordict":
             # Built with the entries in one construction: a validated set per entry afterwards
             # costs as much as the construction itself.
-            batch_size = storage._batch_size([flat.shape[0]])
-            device = storage.device
-            entries = {key: _expand_as_batch(value.to(device), batch_size) for key, value in extra.items()}
-            return storage._build(leaves, [flat.shape[0]], extra=entries)
+            return storage._build(leaves, [flat.shape[0]], extra=extra)
         return _attach(storage._build(leaves, [flat.shape[0]]), extra)
 
     def _draw(self, batch_size: int) -> tuple[Any, dict]:
@@ -785,18 +782,11 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
     return a.index == b.index or a.type == "cpu"
 
 
-def _expand_as_batch(value: torch.Tensor, batch_size: torch.Size) -> torch.Tensor:
-    """``value`` (one entry per item, led by the batch's first dims) broadcast to ``batch_size``."""
-    if value.ndim < len(batch_size):
-        value = value.reshape(value.shape + (1,) * (len(batch_size) - value.ndim)).expand(batch_size)
-    return value
-
-
 def _attach(data: Any, extra: dict | None) -> Any:
     """Sets ``extra``'s entries on a TensorDict batch, on its device and batch size; other batches pass."""
     if extra and isinstance(data, TensorDictBase):
         for key, value in extra.items():
-            data.set(key, _expand_as_batch(value.to(data.device) if data.device else value, data.batch_size))
+            data.set(key, expand_as_batch(value.to(data.device) if data.device else value, data.batch_size))
     return data
 
 

@@ -7,7 +7,8 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
-from gpubuf.buffers.base import ReplayBuffer, _expand_as_batch
+from gpubuf.buffers.base import ReplayBuffer
+from gpubuf.storages._layout import expand_as_batch
 from gpubuf.errors import UnsupportedDataError
 from gpubuf.samplers.base import Sampler
 from gpubuf.storages.tensor import TensorStorage
@@ -138,7 +139,9 @@ class TensorDictReplayBuffer(ReplayBuffer):
             index = torch.stack(index, -1)
             return index
         item_batch = layout.item_batch[self._storage.ndim - 1 :]
-        return _expand_as_batch(index, torch.Size([index.shape[0], *item_batch]))
+        if not item_batch:
+            return index  # already one entry per item
+        return expand_as_batch(index, torch.Size([index.shape[0], *item_batch]))
 
     def sample(self, batch_size: int | None = None, return_info: bool = False, include_info: bool | None = None) -> Any:
         """Samples a TensorDict holding ``"index"`` (and the sampler's other info entries).

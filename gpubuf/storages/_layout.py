@@ -34,6 +34,13 @@ def is_tensor_collection(data: Any) -> bool:
     return isinstance(data, TensorDictBase) or is_tensorclass(data)
 
 
+def expand_as_batch(value: torch.Tensor, batch_size: torch.Size) -> torch.Tensor:
+    """``value`` (one entry per item, led by the batch's first dims) broadcast to ``batch_size``."""
+    if value.ndim < len(batch_size):
+        value = value.reshape(value.shape + (1,) * (len(batch_size) - value.ndim)).expand(batch_size)
+    return value
+
+
 @dataclass(frozen=True)
 class LeafSpec:
     """One leaf of a layout.

@@ -26,7 +26,7 @@ from gpubuf.errors import (
 )
 from gpubuf.ops.gather_rows import gather_rows_trusted
 from gpubuf.ops.host_memory import HUGE_PAGE_BYTES, empty_host_bytes
-from gpubuf.storages._layout import Layout, is_tensor_collection
+from gpubuf.storages._layout import Layout, expand_as_batch, is_tensor_collection
 from gpubuf.storages.base import Storage, check_max_size
 
 _AUTO = ("auto", None)
@@ -69,6 +69,11 @@ def _stack_items(items: list) -> Any:
         f"{type(first).__name__}. Use ListStorage for arbitrary Python objects"
     )
 
+
+
+def _broadcast_entry(value: torch.Tensor, batch_size: torch.Size, device: torch.device) -> torch.Tensor:
+    """An entry of one value per item, on ``device``, broadcast over the batch's trailing dims."""
+    return expand_as_batch(value if value.device == device else value.to(device), batch_size)
 
 
 def _empty_leaf(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -393,24 +398,18 @@ class TensorStorage(Storage):
 
         ``consumed`` is how many item dims the leading dims replace: ``ndim - 1`` for a gather
         over elements (the default), 0 for whole dim-0 rows. ``extra`` holds top-level entries
-        for a TensorDict, each of the batch's batch size and on the storage's device (see
-        :meth:`Layout.build`).
+        for a TensorDict, one per item (led by ``lead``): they are moved to the storage's
+        device and broadcast over the item's batch dims (see :meth:`Layout.build`).
         """
         layout = self._layout
         if consumed is None:
             consumed = self.ndim - 1
         if layout.kind in ("tensordict", "tensorclass"):
-            item_batch = layout.item_batch[consumed:]
-            return layout.build(leaves, torch.Size([*lead, *item_batch]), self.device, extra)
+            batch_size = torch.Size([*lead, *layout.item_batch[consumed:]])
+            if extra:
+                extra = {key: _broadcast_entry(value, batch_size, self.device) for key, value in extra.items()}
+            return layout.build(leaves, batch_size, self.device, extra)
         return layout.build(leaves, torch.Size(lead), self.device)
-
-    def _batch_size(self, lead: Sequence[int], consumed: int | None = None) -> torch.Size:
-        """The batch size :meth:`_build` gives a TensorDict built from leaves led by ``lead``."""
-        if consumed is None:
-            consumed = self.ndim - 1
-        if self._layout.kind in ("tensordict", "tensorclass"):
-            return torch.Size([*lead, *self._layout.item_batch[consumed:]])
-        return torch.Size(lead)
 
     def _flat_index(self, index: Any) -> torch.Tensor:
         """Turns a sampler's index (1-D tensor, or a tuple of per-dim tensors) into element rows."""
