@@ -155,19 +155,13 @@ def _gather_ordered(
     kernels = kernel_module("cpu.gather_rows")
     b = index.shape[0]
     if outs is None:
-        outs = [_empty_out((b, *src.shape[1:]), src.dtype) for src in sources]
+        outs = [empty_host((b, *src.shape[1:]), src.dtype) for src in sources]
     index64 = index.to(torch.int64).contiguous().numpy()
     order = kernels.row_order(index64, sources[0].shape[0])
     kernels.gather_rows(
         tuple(_bytes(src, src.shape[0]) for src in sources), tuple(_bytes(out, b) for out in outs), index64, order
     )
     return list(outs)
-
-
-def _empty_out(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    if math.prod(shape) * dtype.itemsize < LARGE_OUTPUT_BYTES:
-        return torch.empty(shape, dtype=dtype)
-    return empty_host(shape, dtype)
 
 
 def _index_select_host(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

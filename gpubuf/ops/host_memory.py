@@ -179,13 +179,18 @@ def empty_host_bytes(nbytes: int, *, huge_from: int | None = None, reuse: bool =
     return torch.from_numpy(np.empty(nbytes, dtype=np.uint8))
 
 
-def empty_host(shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
-    """A new uninitialised contiguous CPU tensor of ``shape`` and ``dtype`` (see :func:`empty_host_bytes`)."""
+def empty_host(
+    shape: tuple[int, ...] | torch.Size, dtype: torch.dtype, *, huge_from: int | None = None, reuse: bool = True
+) -> torch.Tensor:
+    """A new uninitialised contiguous CPU tensor of ``shape`` and ``dtype``.
+
+    ``huge_from`` and ``reuse`` are :func:`empty_host_bytes`'s.
+    """
     shape = tuple(int(s) for s in shape)
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype)  # (an empty numpy block has stride 0: no dtype view)
-    return empty_host_bytes(nbytes).view(dtype).view(shape)
+    return empty_host_bytes(nbytes, huge_from=huge_from, reuse=reuse).view(dtype).view(shape)
 
 
 __all__ = [

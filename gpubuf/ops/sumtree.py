@@ -40,8 +40,8 @@ Ops
   host synchronisation).
 * :func:`sumtree_rebuild`: recompute every internal node from the leaves, ``O(capacity)``.
 * :func:`importance_weights`: ``(value / p_min) ** (-beta)``.
-* :func:`sumtree_update_max` and :func:`sumtree_sample_weighted`: an update that also reports
-  the batch's largest priority, a draw with its weights. :func:`sumtree_update_compiled` and
+* :func:`sumtree_sample_weighted`: a draw with its weights. :func:`sumtree_update_compiled` (which
+  also reports the batch's largest priority) and
   :func:`sumtree_draw_compiled` are each one compiled call on a CPU tree, for a sampler's hot
   path (their weights and transforms use the C library's ``pow``; see there).
 
@@ -61,7 +61,7 @@ import torch
 
 from gpubuf.errors import DeviceMismatchError, IndexOutOfRangeError, PriorityError
 from gpubuf.ops._dispatch import kernel_module, numba_enabled, resolve_backend
-from gpubuf.ops.host_memory import HUGE_PAGE_BYTES, empty_host_bytes
+from gpubuf.ops.host_memory import HUGE_PAGE_BYTES, empty_host
 
 __all__ = [
     "SumTree",
@@ -75,7 +75,6 @@ __all__ = [
     "sumtree_update",
     "sumtree_update_compiled",
     "sumtree_update_compiled_ready",
-    "sumtree_update_max",
     "sumtree_update_ref",
     "transform_priority",
 ]
@@ -93,7 +92,7 @@ def _zeros(n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     leaves of a tree of 2**20 float32 priorities fit two huge pages.
     """
     if device.type == "cpu" and n * dtype.itemsize >= HUGE_PAGE_BYTES:
-        return empty_host_bytes(n * dtype.itemsize, huge_from=HUGE_PAGE_BYTES, reuse=False).view(dtype).zero_()
+        return empty_host((n,), dtype, huge_from=HUGE_PAGE_BYTES, reuse=False).zero_()
     return torch.zeros(n, dtype=dtype, device=device)
 
 
@@ -483,31 +482,27 @@ def sumtree_update(
 
         On any of these the tree is unchanged.
     """
-    _update(tree, index, priority, alpha, eps, limit, validate, backend)
-    return tree
-
-
-def sumtree_update_max(
-    tree: SumTree,
-    index: torch.Tensor,
-    priority: torch.Tensor,
-    *,
-    alpha: float = 1.0,
-    eps: float = 0.0,
-    limit: int | None = None,
-) -> float | None:
-    """:func:`sumtree_update` (``backend="auto"``, validated) that also reports the batch's largest priority.
-
-    Returns:
-        On a CPU tree with the compiled kernels, the largest raw priority given to a
-        non-negative index, as a float (``-inf`` when no index was): the kernel finds it while
-        checking, for free. Elsewhere None (a reduction would cost a call, or a CUDA
-        synchronisation): the caller computes it if it needs it.
-
-    Raises:
-        As :func:`sumtree_update`; the tree is then unchanged.
-    """
-    return _update(tree, index, priority, alpha, eps, limit, True, "auto")
+    index, priority = _validate_update(tree, index, priority, alpha, eps)
+    if limit is None:
+        limit = tree.capacity
+    elif not 0 <= limit <= tree.capacity:
+        raise ValueError(f"limit must lie in [0, {tree.capacity}], got {limit}")
+    which = resolve_backend(tree.leaves, backend, has_cpu_kernel=True)
+    if which == "numba":
+        _update_numba(tree, index, priority, alpha, eps, limit)
+        return tree
+    values = transform_priority(priority, alpha, eps, tree.dtype)
+    if which == "torch" and tree.device.type == "cpu":
+        has_negative = _check_values_cpu(tree, index, priority, values, limit, validate, alpha, eps)
+        return _update_cpu(tree, index, values, has_negative)
+    if validate:
+        _check_values(tree, index, priority, values, limit)
+    if which == "triton":
+        if values.numel() == 1 and index.numel() != 1:
+            values = values.expand(index.numel())
+        kernel_module("sumtree").sumtree_update_triton(tree, index.to(torch.int64), values.contiguous())
+        return tree
+    return _apply_ref(tree, index, values)
 
 
 def sumtree_update_compiled_ready(tree: SumTree) -> bool:
@@ -518,7 +513,7 @@ def sumtree_update_compiled_ready(tree: SumTree) -> bool:
 def sumtree_update_compiled(
     tree: SumTree, index: torch.Tensor, priority: torch.Tensor, alpha: float, eps: float, limit: int
 ) -> float:
-    """:func:`sumtree_update_max` in one compiled call, for a caller that has checked the arguments' types.
+    """:func:`sumtree_update` in one compiled call, for a caller that has checked the arguments' types.
 
     For a sampler's hot path: a CPU tree (:func:`sumtree_update_compiled_ready`), ``index`` a
     1-D ``int64`` CPU tensor, ``priority`` a CPU ``float32`` or ``float64`` tensor of the same
@@ -541,33 +536,6 @@ def sumtree_update_compiled(
     # Large batches keep torch's vectorised pow: the C library's costs more than the calls it saves.
     in_kernel = index.shape[0] < _KERNEL_SORT_MIN_DRAWS
     return _update_numba(tree, index, priority, alpha, eps, limit, transform_in_kernel=in_kernel)
-
-
-def _update(
-    tree: SumTree, index: Any, priority: Any, alpha: float, eps: float, limit: int | None, validate: bool, backend: str
-) -> float | None:
-    index, priority = _validate_update(tree, index, priority, alpha, eps)
-    if limit is None:
-        limit = tree.capacity
-    elif not 0 <= limit <= tree.capacity:
-        raise ValueError(f"limit must lie in [0, {tree.capacity}], got {limit}")
-    which = resolve_backend(tree.leaves, backend, has_cpu_kernel=True)
-    if which == "numba":
-        return _update_numba(tree, index, priority, alpha, eps, limit)
-    values = transform_priority(priority, alpha, eps, tree.dtype)
-    if which == "torch" and tree.device.type == "cpu":
-        has_negative = _check_values_cpu(tree, index, priority, values, limit, validate, alpha, eps)
-        _update_cpu(tree, index, values, has_negative)
-        return None
-    if validate:
-        _check_values(tree, index, priority, values, limit)
-    if which == "triton":
-        if values.numel() == 1 and index.numel() != 1:
-            values = values.expand(index.numel())
-        kernel_module("sumtree").sumtree_update_triton(tree, index.to(torch.int64), values.contiguous())
-        return None
-    _apply_ref(tree, index, values)
-    return None
 
 
 def _check_values_cpu(

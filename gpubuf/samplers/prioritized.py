@@ -24,8 +24,8 @@ from gpubuf.ops.sumtree import (
     sumtree_draw_compiled_ready,
     sumtree_sample_weighted,
     sumtree_update_compiled,
+    sumtree_update,
     sumtree_update_compiled_ready,
-    sumtree_update_max,
 )
 from gpubuf.samplers.base import Sampler
 from gpubuf.samplers.random import _check_batch_size, _unravel
@@ -335,8 +335,8 @@ class PrioritizedSampler(Sampler):
             return
         flat = self._flat_index(index, storage)
         prio = self._priority_tensor(priority, flat.numel())
-        batch_max = sumtree_update_max(self._tree, flat, prio, alpha=self._alpha, eps=self._eps, limit=self._limit(storage))
-        self._track_max(flat, prio, batch_max)
+        sumtree_update(self._tree, flat, prio, alpha=self._alpha, eps=self._eps, limit=self._limit(storage))
+        self._track_max(flat, prio)
 
     def _update_compiled(self, index: Any, priority: Any, storage: Any) -> bool:
         """The common update (a CPU tree, flat int64 indices and one priority each, as a sampled
@@ -371,8 +371,8 @@ class PrioritizedSampler(Sampler):
     def _track_max(self, index: torch.Tensor, priority: torch.Tensor, batch_max: float | None = None) -> None:
         """Updates the raw maximum priority after a successful update (TorchRL's ``_max_priority``).
 
-        ``batch_max`` is the update's largest priority at a non-negative index when the update
-        reported it (CPU trees with the compiled kernels), else None.
+        ``batch_max`` is the update's largest priority at a non-negative index when the compiled
+        update reported it, else None.
         """
         current = self._max_priority[0]
         if current is not None and not self._max_priority_within_buffer and batch_max is not None:

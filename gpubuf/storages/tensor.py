@@ -25,7 +25,7 @@ from gpubuf.errors import (
     UnsupportedDataError,
 )
 from gpubuf.ops.gather_rows import gather_rows_trusted
-from gpubuf.ops.host_memory import HUGE_PAGE_BYTES, empty_host_bytes
+from gpubuf.ops.host_memory import HUGE_PAGE_BYTES, empty_host
 from gpubuf.storages._layout import Layout, expand_as_batch, is_tensor_collection
 from gpubuf.storages.base import Storage, check_max_size
 
@@ -85,10 +85,8 @@ def _empty_leaf(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
     Rounding up to whole huge pages wastes under 2 MiB per leaf. ``GPUBUF_HUGE_PAGES=0`` (see
     :mod:`~gpubuf.ops.host_memory`) keeps the ordinary allocator.
     """
-    if device.type == "cpu":
-        nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes >= HUGE_PAGE_BYTES:
-            return empty_host_bytes(nbytes, huge_from=HUGE_PAGE_BYTES, reuse=False).view(dtype).view(shape)
+    if device.type == "cpu" and math.prod(shape) * dtype.itemsize >= HUGE_PAGE_BYTES:
+        return empty_host(shape, dtype, huge_from=HUGE_PAGE_BYTES, reuse=False)
     return torch.empty(shape, dtype=dtype, device=device)
 
 class TensorStorage(Storage):

@@ -298,17 +298,19 @@ def test_large_cpu_leaves_go_on_huge_pages(monkeypatch):
     """A leaf of 2 MiB or more is allocated on transparent huge pages (a sample's scattered rows
     then cost no TLB walk each); smaller leaves keep the ordinary allocator. Either way the rows
     read back, and the storage can still move to shared memory."""
+    import math
+
     import gpubuf.storages.tensor as tensor_module
     from gpubuf.ops.host_memory import HUGE_PAGE_BYTES
 
     calls = []
-    real = tensor_module.empty_host_bytes
+    real = tensor_module.empty_host
 
-    def recording(nbytes, **kwargs):
-        calls.append((nbytes, kwargs))
-        return real(nbytes, **kwargs)
+    def recording(shape, dtype, **kwargs):
+        calls.append((math.prod(shape) * dtype.itemsize, kwargs))
+        return real(shape, dtype, **kwargs)
 
-    monkeypatch.setattr(tensor_module, "empty_host_bytes", recording)
+    monkeypatch.setattr(tensor_module, "empty_host", recording)
     n = 40_000
     data = TensorDict({"obs": torch.randn(n, 16), "done": torch.rand(n, 1) > 0.5}, batch_size=[n])
     storage = LazyTensorStorage(n)

@@ -467,7 +467,7 @@ def test_cpu_batches_take_one_compiled_call_each_way(monkeypatch):
         raise AssertionError("the general path ran")
 
     rb = _buffer(n=50, capacity=64, alpha=0.7, beta=0.5)  # (new items' priority: the general path)
-    monkeypatch.setattr(sampler_module, "sumtree_update_max", general)
+    monkeypatch.setattr(sampler_module, "sumtree_update", general)
     monkeypatch.setattr(sampler_module, "sumtree_sample_weighted", general)
     priorities = torch.linspace(0.5, 3.0, 50)
     rb.update_priority(torch.arange(50), priorities)

@@ -232,3 +232,17 @@ def test_row_order_is_a_permutation_grouped_by_row(gen):
         while (n_rows >> shift) > b:
             shift += 1
         assert bool(((rows[1:] >> shift) >= (rows[:-1] >> shift)).all())  # groups in increasing order
+
+
+def test_large_cpu_batch_out_of_range_raises_before_writing(gen, monkeypatch):
+    """The compiled kernel trusts its indices: the public op checks them before it runs."""
+    import sys
+
+    monkeypatch.setattr(sys.modules["gpubuf.ops.gather_rows"], "ORDERED_GATHER_MIN_ROWS", 64)
+    src = _source(100, (3,), torch.float32, gen)
+    index = torch.randint(0, 100, (200,), generator=gen)
+    index[150] = 100
+    outs = [torch.zeros(200, 3)]
+    with pytest.raises(IndexOutOfRangeError):
+        gather_rows([src], index, outs)
+    assert bool((outs[0] == 0).all())

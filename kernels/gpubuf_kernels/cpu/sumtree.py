@@ -239,6 +239,30 @@ TABLE_DRAWS_PER_ROW = 8
 
 
 @njit(cache=True, nogil=True)
+def _prefix_tables(sums, offsets, sizes, fanout, n):  # pragma: no cover - compiled
+    """The inclusive prefix sums of every row of the internal levels worth a table for ``n`` draws.
+
+    Returns ``(tabled, table)``: ``tabled[k]`` says whether level ``k`` (``1 .. depth - 1``) has
+    one (:data:`TABLE_DRAWS_PER_ROW`); ``table`` is indexed as ``sums``. Allocated per call, so
+    that concurrent samplers of one tree share no scratch.
+    """
+    depth = sizes.shape[0] - 1
+    tabled = np.zeros(depth + 1, np.bool_)
+    table = np.empty(offsets[depth] if n else 0, np.float64)
+    for k in range(1, depth):
+        rows = sizes[k - 1]
+        if n >= TABLE_DRAWS_PER_ROW * rows:
+            tabled[k] = True
+            for r in range(rows):
+                row = offsets[k] + r * fanout
+                csum = 0.0
+                for c in range(fanout):
+                    csum += sums[row + c]
+                    table[row + c] = csum
+    return tabled, table
+
+
+@njit(cache=True, nogil=True)
 def sample(leaves, sums, offsets, sizes, shift, uniforms, stratified, order, out_index, out_value):  # pragma: no cover
     """Descends ``B`` masses from the root; fills ``out_index`` (int64) and ``out_value`` (leaf dtype).
 
@@ -267,20 +291,7 @@ def sample(leaves, sums, offsets, sizes, shift, uniforms, stratified, order, out
     total = sums[0]
     step = total / n if n else 0.0
     in_order = order.shape[0] == 0
-    # Tables of the internal levels worth one (indexed as ``sums``); allocated per call, so
-    # that concurrent samplers of one tree share no scratch.
-    tabled = np.zeros(depth + 1, np.bool_)
-    table = np.empty(offsets[depth] if n else 0, np.float64)
-    for k in range(1, depth):
-        rows = sizes[k - 1]
-        if n >= TABLE_DRAWS_PER_ROW * rows:
-            tabled[k] = True
-            for r in range(rows):
-                row = offsets[k] + r * fanout
-                csum = 0.0
-                for c in range(fanout):
-                    csum += sums[row + c]
-                    table[row + c] = csum
+    tabled, table = _prefix_tables(sums, offsets, sizes, fanout, n)
     # Per level, the last draw that found its child there: node, child, prefix before it, mass.
     seen_node = np.full(depth + 1, -1, np.int64)
     seen_child = np.zeros(depth + 1, np.int64)
@@ -401,18 +412,7 @@ def descend(leaves, sums, offsets, sizes, shift, uniforms, stratified, out_index
     depth = sizes.shape[0] - 1
     total = sums[0]
     step = total / n if n else 0.0
-    tabled = np.zeros(depth + 1, np.bool_)
-    table = np.empty(offsets[depth] if n else 0, np.float64)
-    for k in range(1, depth):
-        rows = sizes[k - 1]
-        if n >= TABLE_DRAWS_PER_ROW * rows:
-            tabled[k] = True
-            for r in range(rows):
-                row = offsets[k] + r * fanout
-                csum = 0.0
-                for c in range(fanout):
-                    csum += sums[row + c]
-                    table[row + c] = csum
+    tabled, table = _prefix_tables(sums, offsets, sizes, fanout, n)
     mass = np.empty(n, np.float64)
     node = np.zeros(n, np.int64)
     for b in range(n):
