@@ -111,7 +111,7 @@ def test_kernel_rejects_what_the_twin_rejects_inside_a_large_arena(verify):
             assert bool((out.view(torch.uint8) == 0x5A).all()), (name, case)
 
 
-@pytest.mark.parametrize("n", [0, 1, 7, 65535, 65536, 65537, 200_003])
+@pytest.mark.parametrize("n", [0, 1, 7, 5551, 5552, 5553, 11105, 65536, 200_003])
 def test_block_checksum_is_adler32(n):
     from gpubuf_kernels.cpu.codec import _adler32
 
@@ -122,3 +122,28 @@ def test_block_checksum_is_adler32(n):
     for suffix in (-1, 0, 12345, 2**31 - 1):
         want = zlib.adler32(data[3 : 3 + n].tobytes() + suffix.to_bytes(4, "little", signed=True))
         assert _adler32(data, 3, n, suffix) == want
+
+
+@pytest.mark.parametrize("n_rows", [50, 70_000, 300_000])
+@pytest.mark.parametrize("has_refs", [False, True])
+def test_needed_rows_found_by_marks_and_by_sorting(n_rows, has_refs):
+    """Small tables mark their needed rows; a table far larger than the batch sorts them. Both
+    give the sorted distinct rows and every position's slots."""
+    from gpubuf_kernels.cpu.codec import _needed_rows
+
+    rng = np.random.default_rng(n_rows)
+    index = rng.integers(0, n_rows, 40)
+    index[5] = index[9] = index[2]  # duplicates
+    index[7] = n_rows - 1  # the last row: the marks are read a word at a time
+    refs = np.where(rng.random(n_rows) < 0.5, rng.integers(0, n_rows, n_rows), -1).astype(np.int32)
+    refs[index[3]] = n_rows + 4  # a reference outside the table: no slot
+    tab, row_slot, key, key_slot = _needed_rows(index, refs, has_refs, n_rows)
+
+    keys = refs[index].astype(np.int64) if has_refs else np.full(len(index), -1)
+    in_table = (keys >= 0) & (keys < n_rows)
+    want_tab = np.unique(np.concatenate([index, keys[in_table]]))
+    assert np.array_equal(tab, want_tab)
+    assert np.array_equal(tab[row_slot], index)
+    assert np.array_equal(key, keys)
+    assert np.array_equal(key_slot >= 0, in_table)
+    assert np.array_equal(tab[key_slot[in_table]], keys[in_table])
