@@ -1,12 +1,12 @@
-"""Unaligned 8-byte loads and stores on byte arrays, for the compiled CPU loops.
+"""Unaligned 8- and 32-byte loads and stores on byte arrays, for the compiled CPU loops.
 
 A decoded line is a handful of short runs and copies. Written a byte at a time (or as loops
 that LLVM turns into ``memset``/``memcpy`` calls), each piece pays a loop or a call for a few
-bytes; as one or two 8-byte stores it costs an instruction or two. Numba has no unaligned word
-access on a ``uint8`` array, so these two intrinsics emit it (``align=1``: x86 and AArch64 load
-and store unaligned words at full speed).
+bytes; as one wide store it costs an instruction or two. Numba has no unaligned word or vector
+access on a ``uint8`` array, so these intrinsics emit it (``align=1``: x86 and AArch64 load and
+store unaligned words at full speed; LLVM splits a 32-byte vector where registers are narrower).
 
-No bounds are checked: callers guarantee ``pos + 8 <= arr.size``.
+No bounds are checked: callers guarantee that every byte touched lies inside the array.
 """
 
 from __future__ import annotations

@@ -316,13 +316,16 @@ def _fill_add(dst, d, value, src, s, n):  # pragma: no cover - compiled
 
 _BYTES = np.uint64(0x0101010101010101)  # a byte times this: the byte in all eight places of a word
 _EIGHT = np.uint64(8)
-
-
 _THIRTY_TWO = np.uint64(32)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _copy_line(dst, d, src, s, n):  # pragma: no cover - compiled
+    """``dst[d : d + n] = src[s : s + n]`` (no overlap), in 32-byte chunks (8-byte words below 32).
+
+    The last chunk ends at ``n`` and may overlap the one before it: it rewrites the same bytes,
+    so nothing outside the range is written.
+    """
     d = np.uint64(d)
     s = np.uint64(s)
     n = np.uint64(n)
@@ -345,6 +348,15 @@ def _copy_line(dst, d, src, s, n):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True, inline="always")
 def _fill_runs(arena, pos, values, n, dest, d, width, wide, residual, src, s):  # pragma: no cover - compiled
+    """Writes a line of ``n`` runs at ``dest[d : d + width]``, and up to 31 bytes past it.
+
+    A run is a fill, or for a residual line (``residual``) its value added to ``src[s ...]``.
+    Each run is written in whole 32-byte stores from its start, so it spills up to 31 bytes past
+    its end: into the next run, written after it, or past the line into the next lines of the
+    row, decoded after it. Most runs are a few bytes, so one store, where a loop of the exact
+    length cost a call or a mispredicted branch. The caller guarantees at least 32 bytes of the
+    row after the line; then residual reads past the reference line stay inside its row too.
+    """
     begin = np.uint64(0)
     zeros = np.uint64(0)
     w = np.uint64(width)
@@ -383,8 +395,9 @@ def _decode_row(arena, off, nb, payload, dest, d0, ref, r0, keyed, image_planes,
 
     ``ref[r0 + l * W ...]`` is line ``l`` of the decoded reference row when ``keyed``; otherwise
     reference lines are read from ``dest`` itself (plane ``p - p % P0``, decoded before ``p``).
-    Nothing outside the row is written: a line may spill into the next line of the row (see
-    :func:`_fill_runs`), and the last line is written byte by byte.
+    Nothing outside the row is written: a line of runs may spill into the lines after it (see
+    :func:`_fill_runs`), which are decoded later, and the lines within 32 bytes of the row's end
+    are written exactly.
     """
     row_bytes = lines * width
     if nb == row_bytes:
