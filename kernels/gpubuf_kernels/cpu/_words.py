@@ -118,3 +118,93 @@ def add_wide(typingctx, dst, d, src, s, value):  # pragma: no cover - compiled
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _byte_vector(context, builder, array_type, array, pos):
+    data = context.make_array(array_type)(context, builder, array).data
+    return builder.load(builder.bitcast(builder.gep(data, [pos]), _BYTE_VECTOR.as_pointer()), align=1)
+
+
+def _is_bytes(*arrays) -> bool:
+    return all(isinstance(a, types.Array) and a.dtype == types.uint8 for a in arrays)
+
+
+@intrinsic
+def equal_wide(typingctx, a, i, b, j):  # pragma: no cover - compiled
+    """``a[i : i + 32] == b[j : j + 32]``: two 32-byte loads and one compare."""
+    if not (_is_bytes(a, b) and isinstance(i, types.Integer) and isinstance(j, types.Integer)):
+        return None
+    sig = types.boolean(a, i, b, j)
+
+    def codegen(context, builder, sig, args):
+        x = _byte_vector(context, builder, sig.args[0], args[0], args[1])
+        y = _byte_vector(context, builder, sig.args[2], args[2], args[3])
+        differ = builder.bitcast(builder.icmp_unsigned("!=", x, y), ir.IntType(32))
+        return builder.icmp_unsigned("==", differ, ir.Constant(ir.IntType(32), 0))
+
+    return sig, codegen
+
+
+def _change_bits(context, builder, sig, args, residual):
+    """i32 whose bit ``t`` says ``v[i + t] != v[i + t - 1]``, ``v`` the bytes or their residual."""
+    at = context.cast(builder, args[1], sig.args[1], types.int64)
+    one = ir.Constant(at.type, 1)
+    here = _byte_vector(context, builder, sig.args[0], args[0], at)
+    before = _byte_vector(context, builder, sig.args[0], args[0], builder.sub(at, one))
+    if residual:
+        rt = context.cast(builder, args[3], sig.args[3], types.int64)
+        here = builder.sub(here, _byte_vector(context, builder, sig.args[2], args[2], rt))
+        before = builder.sub(before, _byte_vector(context, builder, sig.args[2], args[2], builder.sub(rt, one)))
+    return builder.bitcast(builder.icmp_unsigned("!=", here, before), ir.IntType(32))
+
+
+@intrinsic
+def change_bits(typingctx, a, i):  # pragma: no cover - compiled
+    """``uint32`` whose bit ``t`` is set where ``a[i + t] != a[i + t - 1]``, ``t`` in ``[0, 32)``."""
+    if not (_is_bytes(a) and isinstance(i, types.Integer)):
+        return None
+    sig = types.uint32(a, i)
+
+    def codegen(context, builder, sig, args):
+        return _change_bits(context, builder, sig, args, False)
+
+    return sig, codegen
+
+
+@intrinsic
+def residual_change_bits(typingctx, a, i, r, j):  # pragma: no cover - compiled
+    """:func:`change_bits` of the residual ``(a[i + t] - r[j + t]) % 256``."""
+    if not (_is_bytes(a, r) and isinstance(i, types.Integer) and isinstance(j, types.Integer)):
+        return None
+    sig = types.uint32(a, i, r, j)
+
+    def codegen(context, builder, sig, args):
+        return _change_bits(context, builder, sig, args, True)
+
+    return sig, codegen
+
+
+@intrinsic
+def popcount(typingctx, v):  # pragma: no cover - compiled
+    """Set bits of a ``uint32``."""
+    if not isinstance(v, types.Integer):
+        return None
+    sig = types.int64(types.uint32)
+
+    def codegen(context, builder, sig, args):
+        return builder.zext(builder.ctpop(args[0]), ir.IntType(64))
+
+    return sig, codegen
+
+
+@intrinsic
+def lowest_bit(typingctx, v):  # pragma: no cover - compiled
+    """Position of the lowest set bit of a non-zero ``uint32``."""
+    if not isinstance(v, types.Integer):
+        return None
+    sig = types.int64(types.uint32)
+
+    def codegen(context, builder, sig, args):
+        return builder.zext(builder.cttz(args[0], ir.Constant(ir.IntType(1), 1)), ir.IntType(64))
+
+    return sig, codegen
