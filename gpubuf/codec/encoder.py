@@ -370,6 +370,7 @@ def encode_planes_at(
 
 
 _UNIT_DTYPES = ((8, np.uint64), (4, np.uint32), (2, np.uint16))
+_WIDE_COMPARE_BYTES = 32  # gpubuf_kernels.cpu.encoder compares lines this wide 32 bytes at a time
 
 
 def _compare_units(
@@ -378,9 +379,14 @@ def _compare_units(
     """``arrays`` viewed in the widest unsigned unit that divides ``width``, every offset and every
     array's size and address, and that unit's size (``arrays`` and 1 when none does).
 
-    The compiled encoder compares lines in these units: short lines do not reach the vectorized
-    loop's minimum trip, so the compare runs unit by unit, and wider units mean fewer steps.
+    The compiled encoder compares lines narrower than 32 bytes in these units: short lines do not
+    reach the vectorized loop's minimum trip, so the compare runs unit by unit, and wider units
+    mean fewer steps.
     """
+    if width >= _WIDE_COMPARE_BYTES:
+        # Lines this wide are compared 32 bytes at a time on the bytes themselves: no units,
+        # and one compiled specialization whatever the alignment.
+        return arrays, 1
     for unit, dtype in _UNIT_DTYPES:
         if width % unit or any(a.size % unit or a.ctypes.data % unit for a in arrays):
             continue

@@ -254,10 +254,11 @@ class FrameStackStorage(EncodedStorageBase):
         if m == 0:
             return fid
         sources = [x.view(-1) for x in stacks]
-        if stored.shape[0]:
-            # Keys written by earlier batches (a few, at the batch start): decoded, after the batch's frames.
-            decoded = decode_rows(self._frames.table(), torch.from_numpy(stored), verify=self.verify, check_bounds=False)
-            sources.append(decoded.contiguous().view(torch.uint8).view(-1))
+        # Keys written by earlier batches (a few, at the batch start): decoded, after the batch's
+        # frames. The source is there even when empty: the compiled encoder is specialised on
+        # the number of sources, and a second compile in the middle of a fill costs seconds.
+        decoded = decode_rows(self._frames.table(), torch.from_numpy(stored), verify=self.verify, check_bounds=False)
+        sources.append(decoded.contiguous().view(torch.uint8).view(-1))
         keys = torch.from_numpy(keys)
         refs = keys.to(torch.int32)
         if self._encode_out is None or self._encode_out.numel() < m * FB:

@@ -156,9 +156,10 @@ def test_reads_back_after_compiled_writes(atari, monkeypatch):
     assert torch.equal(got["obs"], data["obs"]) and torch.equal(got["next_obs"], data["next_obs"])
 
 
-@pytest.mark.parametrize("width, unit", [(16, 8), (12, 4), (6, 2), (7, 1)])
+@pytest.mark.parametrize("width, unit", [(16, 8), (12, 4), (6, 2), (7, 1), (32, 1), (33, 1), (84, 1), (300, 1)])
 def test_line_compares_in_wide_units_see_every_byte(width, unit):
-    """Lines equal to the one above (or to the key's) but for one byte, at every position of a unit."""
+    """Lines equal to the one above (or to the key's) but for one byte, at every position of a
+    unit, or of the 32-byte compares of lines 32 bytes wide or more (those need no units)."""
     from gpubuf.codec.encoder import _compare_units
 
     gen = torch.Generator().manual_seed(width)
@@ -191,3 +192,29 @@ def test_line_compares_in_wide_units_see_every_byte(width, unit):
             has_key, ref_rows, g, inrow=True, backend="numba",
         )
         assert _same(moved, want)
+
+
+def test_a_fill_passes_the_compiled_encoder_one_set_of_argument_types(atari, monkeypatch):
+    """Batches that decode key frames of earlier batches and batches that do not call the
+    encoder with the same argument types: one compiled specialisation serves a whole fill
+    (a second one compiles in the middle of it, for seconds)."""
+    numba = pytest.importorskip("numba")
+    from gpubuf.ops._dispatch import kernel_module
+
+    monkeypatch.setenv("GPUBUF_NUMBA", "1")
+    kernels = kernel_module("cpu.encoder")
+    real = kernels.encode_rows_at
+    types, earlier_keys = set(), set()
+
+    def spy(*args):
+        types.add(tuple(numba.typeof(a) for a in args))
+        earlier_keys.add(args[0][-1].size > 0)  # the last source: decoded keys of earlier batches
+        return real(*args)
+
+    monkeypatch.setattr(kernels, "encode_rows_at", spy)
+    data = _transitions(atari, nested=False)
+    storage = FrameStackStorage(len(data), stack_keys=["obs", "next_obs"], key_interval=6)
+    for first in range(0, len(data), 5):
+        storage._write_rows(first, data[first : first + 5])
+    assert earlier_keys == {False, True}
+    assert len(types) == 1
