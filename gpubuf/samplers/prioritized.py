@@ -303,7 +303,6 @@ class PrioritizedSampler(Sampler):
         """Sets the priority of ``index`` to :attr:`default_priority` (TorchRL's hook for written items)."""
         self.update_priority(index, self.default_priority, storage=storage)
 
-    @torch.no_grad()
     def update_priority(self, index: Any, priority: Any, *, storage: Any = None) -> None:
         """Sets the priorities of the items at ``index``.
 
@@ -331,12 +330,16 @@ class PrioritizedSampler(Sampler):
         """
         storage = storage if storage is not None else self._storage
         self._bind(storage)
+        # The compiled path reads the priorities' data (detached) and keeps no tensor of them;
+        # only the general path's torch ops need autograd off (a td_error computed from a loss
+        # requires grad). Entering no_grad costs as much as a small compiled update.
         if self._update_compiled(index, priority, storage):
             return
-        flat = self._flat_index(index, storage)
-        prio = self._priority_tensor(priority, flat.numel())
-        sumtree_update(self._tree, flat, prio, alpha=self._alpha, eps=self._eps, limit=self._limit(storage))
-        self._track_max(flat, prio)
+        with torch.no_grad():
+            flat = self._flat_index(index, storage)
+            prio = self._priority_tensor(priority, flat.numel())
+            sumtree_update(self._tree, flat, prio, alpha=self._alpha, eps=self._eps, limit=self._limit(storage))
+            self._track_max(flat, prio)
 
     def _update_compiled(self, index: Any, priority: Any, storage: Any) -> bool:
         """The common update (a CPU tree, flat int64 indices and one priority each, as a sampled

@@ -569,3 +569,27 @@ def test_tree_follows_a_storage_whose_device_becomes_known():
     storage.device = torch.device("meta")
     sampler._bind(storage)
     assert sampler.device.type == "meta"
+
+
+@pytest.mark.parametrize("shape", ["per_item", "one_for_all"])
+def test_priorities_that_require_grad_leave_no_graph(shape):
+    """A td_error computed from a loss requires grad. The compiled path (one priority per
+    item) and the general one (a single priority) store plain values: no tree or maximum
+    tracks gradients, and the loss still backpropagates afterwards."""
+    sampler = PrioritizedSampler(64, alpha=0.7, beta=0.5)
+    rb = PrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=LazyTensorStorage(64), sampler=sampler)
+    rb.extend(torch.arange(64.0))
+    weight = torch.tensor(2.0, requires_grad=True)
+    index = torch.arange(0, 64, 4)
+    priority = weight * torch.linspace(0.5, 3.0, len(index)) if shape == "per_item" else weight * 1.5
+    rb.update_priority(index, priority)
+    assert not sampler._tree.values().requires_grad
+    assert not sampler._max_priority[0].requires_grad
+    want = (priority.detach() + sampler._eps) ** 0.7 if shape == "per_item" else None
+    got = sampler._tree.values()[index].double()
+    if want is not None:
+        torch.testing.assert_close(got, want.double().to(got.dtype).double(), rtol=1e-6, atol=0)
+    else:
+        torch.testing.assert_close(got, torch.full_like(got, (1.5 * 2.0 + sampler._eps) ** 0.7), rtol=1e-6, atol=0)
+    priority.sum().backward()
+    assert weight.grad is not None
