@@ -170,8 +170,9 @@ def match_frames(
                 take = eq.nonzero()
             else:
                 rows, ks = todo[:, 0] + lo, todo[:, 1]
-                a = full[j].view(-1, width).index_select(0, rows * S + ks)
-                b = full[jj].view(-1, width).index_select(0, (rows + src_off) * S + ks + shift)
+                # (Sizes spelled out: with zero-byte frames a -1 would be ambiguous.)
+                a = full[j].view((n + 1) * S, width).index_select(0, rows * S + ks)
+                b = full[jj].view((n + 1) * S, width).index_select(0, (rows + src_off) * S + ks + shift)
                 hit = frames_equal(a, b)
                 take = todo[hit]
                 take = torch.stack([take[:, 0], take[:, 1]], 1)
