@@ -7,6 +7,10 @@ access on a ``uint8`` array, so these intrinsics emit it (``align=1``: x86 and A
 store unaligned words at full speed; LLVM splits a 32-byte vector where registers are narrower).
 
 No bounds are checked: callers guarantee that every byte touched lies inside the array.
+
+Numba's on-disk cache keys a compiled function on its own file only: after changing an
+intrinsic here, touch the modules that use it (``codec.py``, ``encoder.py``) or clear their
+``__pycache__``, or their cached machine code keeps the old version.
 """
 
 from __future__ import annotations
