@@ -7,14 +7,12 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
-from gpubuf.buffers.base import ReplayBuffer
+from gpubuf.buffers.base import _INDEX_KEY, _SETTLED_READ_DRAWN, ReplayBuffer, _info_entries
 from gpubuf.storages._layout import expand_as_batch
 from gpubuf.errors import UnsupportedDataError
 from gpubuf.samplers.base import Sampler
 from gpubuf.storages.tensor import TensorStorage
 from gpubuf.writers import TensorDictRoundRobinWriter
-
-_INDEX_KEY = ("index",)
 
 
 class TensorDictReplayBuffer(ReplayBuffer):
@@ -124,15 +122,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
         if isinstance(self._storage, TensorStorage) and layout is not None and layout.index_of(_INDEX_KEY) is not None:
             # The stored "index" column is overwritten by the sampler's index below: skip its gather.
             fill = {_INDEX_KEY: self._index_value(index, layout, batch_size)}
-        extra = {}
-        for key, value in info.items():
-            if key == "index" and fill is not None:
-                continue
-            if isinstance(value, tuple):
-                value = torch.stack(value, -1)
-            if isinstance(value, torch.Tensor):
-                extra[key] = value
-        return self._read(index, fill, extra)
+        return self._read(index, fill, _info_entries(info, fill is not None))
 
     def _index_value(self, index: Any, layout: Any, batch_size: int) -> torch.Tensor:
         if isinstance(index, tuple):
@@ -153,3 +143,6 @@ class TensorDictReplayBuffer(ReplayBuffer):
         if not isinstance(data, TensorDictBase) and not is_tensorclass(data):
             raise UnsupportedDataError("TensorDictReplayBuffer can only sample TensorDict data")
         return result
+
+
+_SETTLED_READ_DRAWN[TensorDictReplayBuffer._read_drawn] = True  # its batches carry the draw's info
