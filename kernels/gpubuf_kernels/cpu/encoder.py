@@ -47,7 +47,7 @@ def _equal(a, i, b, j, n):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True, inline="always")  # a call costs more than a line
-def _count_runs(a, i, ref, j, width, residual):  # pragma: no cover - compiled
+def _count_runs_bytes(a, i, ref, j, width, residual):  # pragma: no cover - compiled
     """Runs of the line ``a[i : i + W]`` (or of its residual ``(a - ref[j:]) % 256``), split every 256 bytes."""
     i = np.uint64(i)
     j = np.uint64(j)
@@ -110,7 +110,7 @@ def _window(a, i, ref, j, x, width, residual):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True, inline="always")
 def _count_runs_wide(a, i, ref, j, width, residual):  # pragma: no cover - compiled
-    """:func:`_count_runs` for ``32 < W <= 256`` (one block): changes counted 32 positions at a time.
+    """:func:`_count_runs_bytes` for ``32 < W <= 256`` (one block): changes counted 32 positions at a time.
 
     A run starts at 0 and wherever a value differs from the one before.
     """
@@ -123,7 +123,7 @@ def _count_runs_wide(a, i, ref, j, width, residual):  # pragma: no cover - compi
 
 @njit(cache=True, nogil=True, inline="always")
 def _write_runs_wide(data, at, n, a, i, ref, j, width, residual):  # pragma: no cover - compiled
-    """:func:`_write_runs` for ``32 < W <= 256``: run starts taken from change masks, bit by bit.
+    """:func:`_write_runs_bytes` for ``32 < W <= 256``: run starts taken from change masks, bit by bit.
 
     A loop over the line's bytes mispredicts a branch at every run start; here each start costs
     one bit scan.
@@ -148,7 +148,7 @@ def _write_runs_wide(data, at, n, a, i, ref, j, width, residual):  # pragma: no 
 
 
 @njit(cache=True, nogil=True, inline="always")  # a call costs more than a line
-def _write_runs(data, at, n, a, i, ref, j, width, residual):  # pragma: no cover - compiled
+def _write_runs_bytes(data, at, n, a, i, ref, j, width, residual):  # pragma: no cover - compiled
     """Writes a RUNS payload at ``data[at:]``: the low bytes of run starts 1..n-1, then the n values."""
     k = 0
     prev = np.int64(0)
@@ -160,6 +160,23 @@ def _write_runs(data, at, n, a, i, ref, j, width, residual):  # pragma: no cover
             data[at + n - 1 + k] = v
             k += 1
         prev = v
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _count_runs(a, i, ref, j, width, residual):  # pragma: no cover - compiled
+    """Runs of the line ``a[i : i + W]`` (or of its residual), split every 256 bytes."""
+    if _WIDE < width <= _RUN_BLOCK:
+        return _count_runs_wide(a, i, ref, j, width, residual)
+    return _count_runs_bytes(a, i, ref, j, width, residual)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _write_runs(data, at, n, a, i, ref, j, width, residual):  # pragma: no cover - compiled
+    """Writes a RUNS payload at ``data[at:]``: the low bytes of run starts 1..n-1, then the n values."""
+    if _WIDE < width <= _RUN_BLOCK:
+        _write_runs_wide(data, at, n, a, i, ref, j, width, residual)
+    else:
+        _write_runs_bytes(data, at, n, a, i, ref, j, width, residual)
 
 
 @njit(cache=True, nogil=True)
@@ -233,7 +250,6 @@ def encode_rows_at(
     total = 0
     line_units = width // unit
     wide_lines = width >= _WIDE  # lines compared 32 bytes at a time
-    one_block = _WIDE < width <= _RUN_BLOCK  # runs counted 32 positions at a time
     for r in range(n):
         x = srcs[x_src[r]]
         xu = units[x_src[r]]
@@ -268,16 +284,10 @@ def encode_rows_at(
             elif has_ref and _equal(xu, i // unit, refu, j // unit, line_units):
                 mode = _REF
             if mode == _RAW:
-                if one_block:
-                    count = _count_runs_wide(x, i, ref, j, width, False)
-                else:
-                    count = _count_runs(x, i, ref, j, width, False)
+                count = _count_runs(x, i, ref, j, width, False)
                 use = False
                 if has_ref:
-                    if one_block:
-                        res_count = _count_runs_wide(x, i, ref, j, width, True)
-                    else:
-                        res_count = _count_runs(x, i, ref, j, width, True)
+                    res_count = _count_runs(x, i, ref, j, width, True)
                     if res_count < count:
                         count = res_count
                         use = True
@@ -338,9 +348,6 @@ def _write_row(data, at, x, base, key, key_base, own_key, modes, runs, resid, mo
             else:
                 ref = x
                 j = base + (line - q * height) * width
-            if _WIDE < width <= _RUN_BLOCK:
-                _write_runs_wide(data, pos, c, x, i, ref, j, width, resid[line])
-            else:
-                _write_runs(data, pos, c, x, i, ref, j, width, resid[line])
+            _write_runs(data, pos, c, x, i, ref, j, width, resid[line])
             pos += 2 * c - 1
         y, q = next_line(y, q, height, image_planes)
