@@ -104,17 +104,27 @@ def gather_rows(
     return gather_rows_ref(sources, index, outs)
 
 
-def gather_rows_trusted(sources: Sequence[torch.Tensor], index: torch.Tensor) -> list[torch.Tensor]:
+def gather_rows_trusted(
+    sources: Sequence[torch.Tensor], index: torch.Tensor, targets: np.ndarray | None = None
+) -> list[torch.Tensor]:
     """The sample path's entry: no argument checks, dispatch by device only.
 
     For callers that built ``sources`` and ``index`` themselves and guarantee the contract of
     :func:`gather_rows_ref` (same device, 1-D integer index in range, rows contiguous). It skips
     the per-call validation, which costs more than the gather itself for small batches on CPU.
+
+    Args:
+        sources, index: as in :func:`gather_rows_ref`.
+        targets: the sources' :func:`row_targets`, kept by the caller between calls. Given, a
+            CPU gather of :data:`PREFETCH_MIN_ROWS` rows or more prefetches its rows first
+            (:func:`prefetch_rows`). Only a hint: stale targets cost time, never a wrong row.
     """
     if not index.is_cuda:
         b = index.shape[0]
         if b >= ORDERED_GATHER_MIN_ROWS and _ordered_gather_applies(sources, index):
             return _gather_ordered(sources, index, None)
+        if targets is not None and b >= PREFETCH_MIN_ROWS:
+            prefetch_rows(targets, index)
         # (Contiguous rows: ``stride(0)`` elements each. Cheaper than forming the shape.)
         return [
             torch.index_select(src, 0, index)
@@ -125,6 +135,46 @@ def gather_rows_trusted(sources: Sequence[torch.Tensor], index: torch.Tensor) ->
     if _triton_ok():
         return kernel_module("gather").gather_rows_triton(list(sources), index, None)
     return [torch.index_select(src, 0, index) for src in sources]
+
+
+#: From this many rows on, a host gather given its sources' :func:`row_targets` prefetches the
+#: rows before copying them (:func:`prefetch_rows`). Below it the call costs about what it saves
+#: (measured as in :func:`prefetch_rows`: 1.00 to 1.02 times the time at 64 rows, 1.02 to 1.05
+#: at 16).
+PREFETCH_MIN_ROWS = 128
+
+
+def row_targets(sources: Sequence[torch.Tensor]) -> np.ndarray | None:
+    """What :func:`prefetch_rows` needs of ``sources``: per source, row 0's address, the row
+    stride and the row's length, in bytes (int64 ``[len(sources), 3]``).
+
+    None where there is nothing to prefetch: the compiled kernels are off, or a source is not
+    a CPU tensor. The addresses are those of the tensors now; a caller keeps the result only as
+    long as it keeps the same tensors.
+    """
+    if not sources or not numba_enabled() or any(src.device.type != "cpu" or src.ndim == 0 for src in sources):
+        return None
+    return np.array(
+        [(src.data_ptr(), src.stride(0) * src.element_size(), math.prod(src.shape[1:]) * src.element_size()) for src in sources],
+        dtype=np.int64,
+    ).reshape(len(sources), 3)
+
+
+def prefetch_rows(targets: np.ndarray, index: torch.Tensor) -> None:
+    """Asks the processor to fetch rows ``index`` of every source of ``targets`` into its caches.
+
+    A sample of a few hundred rows from a large storage misses the cache on nearly every line;
+    ``index_select`` overlaps only the few misses its reorder window reaches, where prefetches
+    issued first overlap many. Measured on 1M rows of 292 B over five fields, interleaved call
+    by call with the prefetch off: a uniform sample of 128 to 256 rows in 0.95 to 0.97 times the
+    time, of 1,024 rows in 0.87 to 0.96; a prioritized cycle of 256 in 0.97. Changes nothing; a
+    prefetch never faults, whatever the address.
+
+    Args:
+        targets: :func:`row_targets` of the sources.
+        index: 1-D int64 CPU tensor of rows in range.
+    """
+    kernel_module("cpu.prefetch").prefetch_rows(targets, index.numpy())
 
 
 #: From this many rows on, a CPU gather with the compiled kernels reads the rows in address

@@ -797,7 +797,7 @@ class LazyMemmapStorage(LazyTensorStorage):
             )
         state = dict(self.__dict__)
         state["_was_initialized"] = self._leaves is not None
-        for name in ("_leaves", "_flat_leaves", "_files"):
+        for name in ("_leaves", "_flat_leaves", "_files", "_prefetch_targets"):
             state[name] = None
         state["_attached_entities"] = []
         state.pop("_pending_rows", None)

@@ -24,7 +24,7 @@ from gpubuf.errors import (
     SchemaMismatchError,
     UnsupportedDataError,
 )
-from gpubuf.ops.gather_rows import gather_rows_trusted
+from gpubuf.ops.gather_rows import gather_rows_trusted, row_targets
 from gpubuf.ops.host_memory import HUGE_PAGE_BYTES, empty_host
 from gpubuf.storages._layout import Layout, expand_as_batch, is_tensor_collection
 from gpubuf.storages.base import Storage, check_max_size
@@ -125,6 +125,7 @@ class TensorStorage(Storage):
         self._layout: Layout | None = None
         self._leaves: list[torch.Tensor] | None = None
         self._flat_leaves: list[torch.Tensor] | None = None
+        self._prefetch_targets: tuple | None = None  # see _row_targets
         self._rest_shape = torch.Size()  # dims 1..ndim-1 of the storage
         self._len_value = 0
         self._auto_device = device in _AUTO
@@ -383,11 +384,27 @@ class TensorStorage(Storage):
         """
         sources = self._flat_leaves
         if skip is None:
-            gathered = gather_rows_trusted(sources, index)
+            gathered = gather_rows_trusted(sources, index, self._row_targets(sources, skip))
         else:
-            gathered = gather_rows_trusted(sources[:skip] + sources[skip + 1 :], index)
+            read = sources[:skip] + sources[skip + 1 :]
+            gathered = gather_rows_trusted(read, index, self._row_targets(sources, skip))
             gathered.insert(skip, None)
         return gathered
+
+    def _row_targets(self, sources: list, skip: int | None) -> Any:
+        """The prefetch targets of ``sources`` less leaf ``skip`` (see :func:`row_targets`).
+
+        Kept while the storage keeps the same leaves list (a new allocation or load replaces
+        it) at the same address (a copy of the storage in another process maps its leaves
+        elsewhere).
+        """
+        kept = self._prefetch_targets
+        address = sources[0].data_ptr()
+        if kept is not None and kept[0] is sources and kept[1] == skip and kept[2] == address:
+            return kept[3]
+        targets = row_targets(sources if skip is None else sources[:skip] + sources[skip + 1 :])
+        self._prefetch_targets = (sources, skip, address, targets)
+        return targets
 
     def _build(
         self, leaves: list, lead: Sequence[int], consumed: int | None = None, extra: dict | None = None
