@@ -34,8 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         nargs="+",
         metavar="OP",
         help=(
-            "ops to run: extend, sample, cycle, or one size such as extend:100000, sample:256 or cycle:65536 "
-            "(default: those of --quick or --full)"
+            "ops to run: extend, sample, cycle, draw, update, or one size such as extend:100000, sample:256, "
+            "cycle:65536 or update:65536 (draw and update time the prioritized sampler alone; default: those of "
+            "--quick or --full)"
         ),
     )
     parser.add_argument("--rows", type=int, help="override N, the buffer's rows (printed as a note)")

@@ -81,7 +81,7 @@ def run_benchmark(
         progress: called with one line per step; None for silence.
 
     Returns:
-        ``{"meta": ..., "rows": [...], "ratios": [...]}``.
+        ``{"meta": ..., "rows": [...], "ratios": [...], "time_bars": [...]}``.
     """
     say = progress or _silent
     device = torch.device(device)
@@ -137,6 +137,7 @@ def run_benchmark(
         },
         "rows": rows,
         "ratios": report.compute_ratios(rows),
+        "time_bars": report.compute_time_bars(rows),
     }
     result["meta"]["wall_s"] = round(time.perf_counter() - started, 2)
     return result

@@ -13,6 +13,10 @@ Providers:
   ``PrioritizedReplayBuffer`` (``sample(B, return_info=True)``, ``update_priority(info["index"],
   ...)``), each over ``LazyTensorStorage(N)`` with ``alpha = 0.7``, ``beta = 0.9``;
 - ``raw``: the floor (see :func:`raw_cycle`), run by the uniform workload's raw provider.
+
+The sampler's two steps are also timed alone, on ``TensorDictPrioritizedReplayBuffer``'s sampler
+of either library (:func:`sampler_draw`, :func:`sampler_update`): the *draw* of ``B`` indices
+and weights, and the *update* of ``B`` priorities. No rows are gathered in either.
 """
 
 from __future__ import annotations
@@ -119,6 +123,38 @@ def raw_cycle(stores: list[torch.Tensor], state: RawCycleState, size: int) -> Ca
     return cycle
 
 
+def sampler_draw(rb: Any, size: int) -> Callable[[], Any]:
+    """The draw alone: ``rb.sampler.sample(rb.storage, size)``, ``size`` indices and their weights."""
+    sampler, storage = rb.sampler, rb.storage
+
+    def draw() -> Any:
+        return sampler.sample(storage, size)
+
+    return draw
+
+
+def index_pool(size: int, rows: int, device: torch.device, seed: int = 3) -> Callable[[], torch.Tensor]:
+    """A callable returning, in turn, one of a few fixed vectors of ``size`` random indices below ``rows``.
+
+    Several vectors, so that a CPU update does not find the same tree rows in its cache every call.
+    """
+    gen = torch.Generator().manual_seed(seed + size)
+    pool = [torch.randint(0, rows, (size,), generator=gen).to(device) for _ in range(_POOL)]
+    return itertools.cycle(pool).__next__
+
+
+def sampler_update(rb: Any, size: int, device: torch.device) -> Callable[[], Any]:
+    """The update alone: ``rb.sampler.update_priority`` of ``size`` new priorities at random indices."""
+    sampler, storage = rb.sampler, rb.storage
+    new_index = index_pool(size, len(rb), device)
+    new_priority = priority_pool(size, device)
+
+    def update() -> Any:
+        return sampler.update_priority(new_index(), new_priority(), storage=storage)
+
+    return update
+
+
 def fill_priorities(rb: Any, data: TensorDict) -> None:
     """Gives every item of a filled prioritized buffer its :func:`initial_priorities`."""
     rows = data.batch_size[0]
@@ -136,7 +172,10 @@ __all__ = [
     "build_prioritized",
     "buffer_cycle",
     "fill_priorities",
+    "index_pool",
     "initial_priorities",
     "priority_pool",
     "raw_cycle",
+    "sampler_draw",
+    "sampler_update",
 ]

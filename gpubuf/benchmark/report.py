@@ -7,7 +7,9 @@ A result is a plain dict (what the JSON file holds)::
                repeats, calls_per_repeat, bytes_moved, gb_per_s, items_per_s, device,
                device_name, versions, git_sha}, ...],
      "ratios": [{op, size, buffer, baseline, ratio, gpubuf_p50_s, baseline_p50_s, reason,
-                 bar, bar_max_ratio, meets_bar}, ...]}
+                 bar, bar_max_ratio, meets_bar}, ...],
+     "time_bars": [{op, size, buffer, device, bar, bar_max_s, gpubuf_p50_s, reason,
+                    meets_bar}, ...]}
 
 Ratios are gpubuf's median time over the baseline's median time, so below 1 means gpubuf is
 faster. GB/s counts the workload's payload bytes read plus written (see
@@ -22,7 +24,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from gpubuf.benchmark.config import bar_for
+from gpubuf.benchmark.config import bar_for, time_bar_for
 from gpubuf.benchmark.timing import Timing
 from gpubuf.benchmark.workloads import OpSpec, Provider
 
@@ -67,7 +69,7 @@ def measured_row(op: OpSpec, provider: Provider, timing: Timing, buffer_rows: in
         repeats=timing.repeats,
         calls_per_repeat=timing.number,
         bytes_moved=op.bytes_moved,
-        gb_per_s=op.bytes_moved / p50 / 1e9 if p50 > 0 else None,
+        gb_per_s=op.bytes_moved / p50 / 1e9 if p50 > 0 and op.bytes_moved else None,
         items_per_s=op.items / p50 if p50 > 0 else None,
     )
     return row
@@ -113,7 +115,7 @@ def compute_ratios(rows: list[dict]) -> list[dict]:
                 reason = f"{baseline} unavailable: {base['reason']}"
             else:
                 ratio = row["p50_s"] / base["p50_s"]
-            bar = bar_for(row["op"], row["size"], baseline, row["buffer"])
+            bar = bar_for(row["op"], row["size"], baseline, row["buffer"], row["device"])
             ratios.append(
                 {
                     "op": row["op"],
@@ -130,6 +132,33 @@ def compute_ratios(rows: list[dict]) -> list[dict]:
                 }
             )
     return ratios
+
+
+def compute_time_bars(rows: list[dict]) -> list[dict]:
+    """Every gpubuf row that has a time bar (:data:`~gpubuf.benchmark.config.TIME_BARS`) on its
+    device, with its median against the bar (None when the row is unavailable)."""
+    entries = []
+    for row in rows:
+        if row["provider"] != "gpubuf":
+            continue
+        bar = time_bar_for(row["op"], row["size"], row["buffer"], row["device"])
+        if bar is None:
+            continue
+        p50 = row["p50_s"] if row["status"] == OK else None
+        entries.append(
+            {
+                "op": row["op"],
+                "size": row["size"],
+                "buffer": row["buffer"],
+                "device": row["device"],
+                "bar": bar.text,
+                "bar_max_s": bar.max_s,
+                "gpubuf_p50_s": p50,
+                "reason": None if p50 is not None else f"gpubuf unavailable: {row['reason']}",
+                "meets_bar": (p50 <= bar.max_s) if p50 is not None else None,
+            }
+        )
+    return entries
 
 
 # ---------------------------------------------------------------------------- text
@@ -212,7 +241,8 @@ def format_table(result: dict) -> str:
         else:
             out.append("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
     bars = [r for r in result["ratios"] if r["bar"]]
-    if bars:
+    time_bars = result.get("time_bars", [])
+    if bars or time_bars:
         out.append("")
         out.append("bars (measured, not asserted):")
         for r in bars:
@@ -222,6 +252,13 @@ def format_table(result: dict) -> str:
             else:
                 verdict = "met" if r["meets_bar"] else "MISSED"
                 out.append(f"{name}: gpubuf/{r['baseline']} = {r['ratio']:.3f} (need <= {r['bar_max_ratio']:.3f}) {verdict}")
+        for r in time_bars:
+            name = f"  {r['op']} {r['size']:,} gpubuf {r['buffer']}: {r['bar']}"
+            if r["gpubuf_p50_s"] is None:
+                out.append(f"{name}: n/a ({r['reason']})")
+            else:
+                verdict = "met" if r["meets_bar"] else "MISSED"
+                out.append(f"{name}: median {format_time(r['gpubuf_p50_s'])} {verdict}")
     return "\n".join(out)
 
 
@@ -300,6 +337,7 @@ __all__ = [
     "OK",
     "UNAVAILABLE",
     "compute_ratios",
+    "compute_time_bars",
     "format_table",
     "format_time",
     "measured_row",

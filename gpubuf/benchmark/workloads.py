@@ -2,15 +2,17 @@
 
 Data: ``N`` transitions ``{obs: f32[32], action: f32[4], reward: f32[1], done: bool[1],
 next_obs: f32[32]}`` (277 bytes a row). Ops: ``extend`` a chunk of rows into a full buffer of
-capacity ``N`` (round robin, so it overwrites), ``sample`` a uniform batch of ``B`` rows, and
-``cycle``: a prioritized sample of ``B`` rows followed by an update of their priorities (see
-:mod:`gpubuf.benchmark.prioritized`).
+capacity ``N`` (round robin, so it overwrites), ``sample`` a uniform batch of ``B`` rows,
+``cycle``: a prioritized sample of ``B`` rows followed by an update of their priorities, and
+the cycle's two sampler steps alone: ``draw`` (``B`` indices and weights, no rows) and
+``update`` (``B`` new priorities). See :mod:`gpubuf.benchmark.prioritized`.
 
 Providers run the same op on the same data; each runs the op kinds in its ``kinds``:
 
 - ``gpubuf`` and ``torchrl``: ``TensorDictReplayBuffer`` (the main comparison) and plain
   ``ReplayBuffer``, each over ``LazyTensorStorage(N)``, for extend and sample;
-  ``TensorDictPrioritizedReplayBuffer`` and ``PrioritizedReplayBuffer`` for the cycle;
+  ``TensorDictPrioritizedReplayBuffer`` and ``PrioritizedReplayBuffer`` for the cycle, and
+  the former's sampler for ``draw`` and ``update``;
 - ``raw``: the floor in plain torch, one preallocated tensor per field; extend is a slice
   ``copy_`` per field, sample is ``randint`` + ``index_select`` per field, the cycle is
   :func:`~gpubuf.benchmark.prioritized.raw_cycle`.
@@ -43,7 +45,9 @@ RB = "ReplayBuffer"
 TDPRB = prioritized.TDPRB
 PRB = prioritized.PRB
 #: The op kinds, in the order a configuration runs them.
-KINDS = ("extend", "sample", "cycle")
+KINDS = ("extend", "sample", "cycle", "draw", "update")
+#: The kinds that time a prioritized sampler alone (see :mod:`gpubuf.benchmark.prioritized`).
+SAMPLER_KINDS = ("draw", "update")
 _SHORT = {TDRB: "TDRB", RB: "RB", TDPRB: "TDPRB", PRB: "PRB"}
 
 # Rows per extend while filling a buffer before timing: bounds the temporaries of the fill.
@@ -56,8 +60,9 @@ class OpSpec:
 
     Attributes:
         kind: ``"extend"`` (write ``size`` rows), ``"sample"`` (draw a uniform batch of ``size``
-            rows) or ``"cycle"`` (a prioritized sample of ``size`` rows, then new priorities
-            for them).
+            rows), ``"cycle"`` (a prioritized sample of ``size`` rows, then new priorities
+            for them), ``"draw"`` (a prioritized sampler draws ``size`` indices and their
+            weights) or ``"update"`` (it takes ``size`` new priorities).
         size: the chunk length or the batch size.
     """
 
@@ -83,8 +88,11 @@ class OpSpec:
     def bytes_moved(self) -> int:
         """Payload bytes read plus written by one call: every row is read once and written once.
 
-        A cycle counts its batch's rows only; its priorities are a few bytes per row.
+        A cycle counts its batch's rows only; its priorities are a few bytes per row. A draw or
+        an update moves no rows: 0.
         """
+        if self.kind in SAMPLER_KINDS:
+            return 0
         return 2 * self.size * ROW_BYTES
 
 
@@ -194,7 +202,7 @@ class BufferProvider(Provider):
 
 
 class PrioritizedProvider(BufferProvider):
-    """A prioritized replay buffer of gpubuf or TorchRL, for the cycle.
+    """A prioritized replay buffer of gpubuf or TorchRL, for the cycle (and its sampler's steps).
 
     Args:
         library: ``"gpubuf"`` or ``"torchrl"``.
@@ -206,6 +214,16 @@ class PrioritizedProvider(BufferProvider):
 
     kinds = ("cycle",)
 
+    def __init__(self, library: str, buffer: str, classes: Callable[[], Any], optional: bool = False) -> None:
+        super().__init__(library, buffer, classes, optional)
+        self.kinds = self.kinds_for(buffer)
+
+    @staticmethod
+    def kinds_for(buffer: str) -> tuple[str, ...]:
+        """The cycle for both buffers; the sampler's steps once, under ``TensorDictPrioritizedReplayBuffer``
+        (both buffers hold the same sampler class)."""
+        return ("cycle", *SAMPLER_KINDS) if buffer == TDPRB else ("cycle",)
+
     def _build(self, ns: Any, storage: Any) -> Any:
         return prioritized.build_prioritized(ns, self.buffer, storage)
 
@@ -214,14 +232,23 @@ class PrioritizedProvider(BufferProvider):
         prioritized.fill_priorities(self._rb, data)
 
     def make_call(self, op: OpSpec, data: TensorDict) -> Callable[[], Any]:
+        if op.kind == "draw":
+            return prioritized.sampler_draw(self._rb, op.size)
+        if op.kind == "update":
+            return prioritized.sampler_update(self._rb, op.size, data.device)
         return prioritized.buffer_cycle(self._rb, self.buffer, op.size, data.device)
 
 
 class RawTorchProvider(Provider):
-    """The floor: one preallocated tensor per field and plain torch ops, no buffer logic."""
+    """The floor: one preallocated tensor per field and plain torch ops, no buffer logic.
+
+    No floor for the sampler's steps alone: without a tree to keep, it would time nothing
+    comparable.
+    """
 
     library = "raw"
     buffer = None
+    kinds = ("extend", "sample", "cycle")
 
     def __init__(self) -> None:
         self._stores: list[torch.Tensor] = []
@@ -303,7 +330,8 @@ def default_providers(include_torchrl: bool = True) -> list[Provider]:
             if include_torchrl:
                 providers.append(kind("torchrl", buffer, torchrl_classes, optional=True))
             else:
-                providers.append(UnavailableProvider("torchrl", buffer, "not requested (--no-torchrl)", kind.kinds))
+                kinds = kind.kinds_for(buffer) if kind is PrioritizedProvider else kind.kinds
+                providers.append(UnavailableProvider("torchrl", buffer, "not requested (--no-torchrl)", kinds))
             if buffer == TDRB:
                 providers.append(raw)
     return providers
@@ -315,6 +343,7 @@ __all__ = [
     "PRB",
     "ROW_BYTES",
     "RB",
+    "SAMPLER_KINDS",
     "TDPRB",
     "TDRB",
     "BufferProvider",

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import gpubuf
-from gpubuf.benchmark import report, torchrl_compat
-from gpubuf.benchmark.config import FULL, QUICK, BenchConfig, bar_for, parse_ops
+from gpubuf.benchmark import prioritized, report, torchrl_compat
+from gpubuf.benchmark.config import FULL, QUICK, BenchConfig, bar_for, parse_ops, time_bar_for
 from gpubuf.benchmark.harness import run_benchmark
 from gpubuf.benchmark.timing import measure_round_robin
-from gpubuf.benchmark.workloads import PRB, RB, ROW_BYTES, TDPRB, TDRB, OpSpec
+from gpubuf.benchmark.workloads import PRB, RB, ROW_BYTES, TDPRB, TDRB, OpSpec, make_transitions
 from gpubuf.cli import main
 
 TINY = BenchConfig(
@@ -304,3 +304,104 @@ def test_cycle_is_in_the_configurations_and_bars():
     for size in (256, 65_536):
         bar = bar_for("cycle", size, "torchrl", TDPRB)
         assert bar is not None and bar.max_ratio == pytest.approx(1 / 3)
+    # The cycle's bars depend on the device: 3x on a CPU, 20x (and absolute times) on CUDA.
+    assert bar_for("cycle", 256, "torchrl", TDPRB, "cuda:0").max_ratio == pytest.approx(1 / 20)
+    assert bar_for("cycle", 256, "torchrl", TDPRB, "cpu").max_ratio == pytest.approx(1 / 3)
+    # Bars without a device hold everywhere.
+    assert bar_for("sample", 256, "torchrl", TDRB, "cuda:1") is bar_for("sample", 256, "torchrl", TDRB, "cpu")
+
+
+# ------------------------------------------------------------------------------ the sampler's steps alone
+SAMPLER = BenchConfig(
+    name="tiny-sampler",
+    rows=3_000,
+    extend_chunks=(),
+    sample_batches=(),
+    sampler_batches=(40, 700),
+    warmup=1,
+    repeats=3,
+    min_repeats=2,
+    min_block_s=0.0,
+)
+
+
+@pytest.fixture(scope="module")
+def sampler_result():
+    return run_benchmark(SAMPLER, device="cpu", progress=None)
+
+
+def test_draw_and_update_time_the_tdprb_sampler_of_each_library(sampler_result):
+    assert row_ops(sampler_result) == [("draw", 40), ("update", 40), ("draw", 700), ("update", 700)]
+    for op in row_ops(sampler_result):
+        rows = [r for r in sampler_result["rows"] if (r["op"], r["size"]) == op]
+        # Both buffers hold the same sampler class: timed once; no raw floor without a tree.
+        assert {(r["provider"], r["buffer"]) for r in rows} == {("gpubuf", TDPRB), ("torchrl", TDPRB)}
+    for row in sampler_result["rows"]:
+        assert set(row) == ROW_FIELDS
+        assert row["bytes_moved"] == 0 and row["gb_per_s"] is None  # no rows move
+        if row["provider"] == "gpubuf":
+            assert row["status"] == report.OK and 0 < row["p20_s"] <= row["p50_s"] <= row["p80_s"]
+            assert row["items_per_s"] == pytest.approx(row["size"] / row["p50_s"])
+    assert {(r["op"], r["size"], r["baseline"]) for r in sampler_result["ratios"]} == {
+        (kind, size, "torchrl") for kind in ("draw", "update") for size in (40, 700)
+    }
+    assert sampler_result["time_bars"] == []  # the time bars are CUDA's
+    table = report.format_table(sampler_result)
+    assert "draw 700" in table and "update 40" in table
+
+
+def test_the_sampler_steps_draw_from_and_write_to_the_buffer_s_tree():
+    data = make_transitions(500)
+    rb = prioritized.build_prioritized(gpubuf, TDPRB, gpubuf.LazyTensorStorage(500))
+    rb.extend(data)
+    prioritized.fill_priorities(rb, data)
+    index, info = prioritized.sampler_draw(rb, 64)()
+    assert index.shape == (64,) and bool(((index >= 0) & (index < 500)).all())
+    assert info["priority_weight"].shape == (64,)
+    update = prioritized.sampler_update(rb, 64, torch.device("cpu"))
+    expected = prioritized.index_pool(64, 500, torch.device("cpu"))  # the same vectors, in the same order
+    seen = []
+    for _ in range(3):
+        before = rb.sampler._tree.values().clone()
+        update()
+        vector = set(expected().tolist())
+        changed = set((rb.sampler._tree.values() != before).nonzero().flatten().tolist())
+        # New random priorities land at this call's indices (any of them may keep its value by chance).
+        assert changed <= vector and len(changed) >= len(vector) - 2
+        seen.append(vector)
+    assert seen[0] != seen[1] != seen[2]  # the calls rotate among vectors
+
+
+def test_sampler_steps_and_time_bars_are_configured():
+    for config in (QUICK, FULL):
+        assert {OpSpec("draw", 65_536), OpSpec("update", 65_536)} <= set(config.ops())
+    assert parse_ops(["draw:64", "update"], SAMPLER) == [OpSpec("draw", 64), OpSpec("update", 40), OpSpec("update", 700)]
+    for kind in ("draw", "update"):
+        bar = time_bar_for(kind, 65_536, TDPRB, "cuda:0")
+        assert bar is not None and bar.max_s == pytest.approx(20e-6)
+        assert time_bar_for(kind, 65_536, TDPRB, "cpu") is None
+    assert time_bar_for("cycle", 256, TDPRB, "cuda").max_s == pytest.approx(100e-6)
+
+
+def _gpubuf_row(op, size, p50, device="cuda:0", status=report.OK):
+    return {"op": op, "size": size, "provider": "gpubuf", "buffer": TDPRB, "device": device, "status": status,
+            "reason": None if status == report.OK else "broke", "p50_s": p50 if status == report.OK else None}  # fmt: skip
+
+
+def test_time_bars_are_met_missed_or_unavailable_and_printed():
+    rows = [
+        _gpubuf_row("update", 65_536, 15e-6),
+        _gpubuf_row("draw", 65_536, 25e-6),
+        _gpubuf_row("cycle", 256, None, status=report.UNAVAILABLE),
+        _gpubuf_row("draw", 65_536, 1e-6, device="cpu"),  # no time bar on a CPU
+        _gpubuf_row("draw", 4_096, 1e-6),  # nor at other sizes
+    ]
+    bars = report.compute_time_bars(rows)
+    assert [(b["op"], b["meets_bar"]) for b in bars] == [("update", True), ("draw", False), ("cycle", None)]
+    assert bars[2]["reason"] == "gpubuf unavailable: broke"
+    result = {"meta": {"config": {"name": "x", "rows": 1}, "device": "cuda:0", "device_name": "GPU",
+                       "torch_threads": 1}, "rows": [], "ratios": [], "time_bars": bars}  # fmt: skip
+    table = report.format_table(result)
+    assert "update 65,536 gpubuf TensorDictPrioritizedReplayBuffer: at most 20 us on cuda: median 15.0 us met" in table
+    assert "draw 65,536 gpubuf TensorDictPrioritizedReplayBuffer: at most 20 us on cuda: median 25.0 us MISSED" in table
+    assert "cycle 256 gpubuf TensorDictPrioritizedReplayBuffer: at most 100 us on cuda: n/a (gpubuf unavailable: broke)" in table
