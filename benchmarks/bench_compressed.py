@@ -39,7 +39,6 @@ import importlib.util
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 import zlib
@@ -230,10 +229,9 @@ def environment(device: torch.device, threads: int) -> dict:
             env[name] = __import__(name).__version__
         except Exception:  # not installed or broken: recorded as absent
             env[name] = None
-    try:
-        env["git_sha"] = subprocess.check_output(["git", "rev-parse", "HEAD"], cwd=ROOT, text=True).strip()
-    except Exception:
-        env["git_sha"] = None
+    from gpubuf.benchmark.environment import git_sha
+
+    env["git_sha"] = git_sha()
     return env
 
 

@@ -65,9 +65,20 @@ def versions() -> dict[str, str | None]:
     return found
 
 
+#: Names the commit of a copy of the checkout that has no ``.git`` (a working tree sent to a
+#: GPU machine, say), for :func:`git_sha`.
+GIT_SHA_VARIABLE = "GPUBUF_GIT_SHA"
+
+
 def git_sha() -> str | None:
-    """The commit of the gpubuf checkout this code runs from (``-dirty`` when modified), or None
-    (an installed wheel, or git missing)."""
+    """The commit of the gpubuf checkout this code runs from (``-dirty`` when modified).
+
+    Where git cannot tell (a copy without ``.git``, git missing, an installed wheel), the value
+    of ``GPUBUF_GIT_SHA`` if set, else None.
+    """
+    import os
+
+    told = os.environ.get(GIT_SHA_VARIABLE) or None
     root = Path(__file__).resolve().parents[2]
     try:
         sha = subprocess.run(
@@ -81,8 +92,8 @@ def git_sha() -> str | None:
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return None
-    return f"{sha}-dirty" if sha and status else (sha or None)
+        return told
+    return f"{sha}-dirty" if sha and status else (sha or told)
 
 
 def load_average() -> float | None:

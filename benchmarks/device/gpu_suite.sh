@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The checks that need a GPU, in a few long calls: the suite on CUDA, the harness against TorchRL,
+# the compressed storages' decode, and the gather's bandwidth beside the copy bandwidth.
+#
+# Runs from the repository root of a copy of the checkout on a GPU machine whose python3 already
+# has torch and triton (and numba, pytest, pytest-benchmark, matplotlib) but no package index.
+# Carry along:
+#   .whl/                          tensordict and TorchRL wheels (../shared/device/fetch-wheels.sh)
+#   bench-out/atari_frames.npz     the frames of the compressed benchmark (stage "codec" only)
+# and name the commit, since a copy without .git cannot:  GPUBUF_GIT_SHA=<sha>
+#
+#   benchmarks/device/gpu_suite.sh STAGE [STAGE ...]
+#     tests    the whole suite, CUDA tests included, Triton compiled for the GPU (not interpreted)
+#     bench    gpubuf bench --full on CUDA: extend, sample, cycle, draw, update, with TorchRL beside it
+#     codec    benchmarks/bench_compressed.py on CUDA, with the decode rate of the Triton kernel
+#     gather   the gather's GB/s next to the same run's device-to-device copy bandwidth
+#
+# Everything lands in $OUT (or ./gpu-out): one folder per stage, with its log. Copy the JSON files
+# under benchmarks/results/h200/. The device tool brings back at most 8 files a call: give a call
+# at most three stages (each also fits its 10 minutes).
+#
+# For a dry run elsewhere: GPUBUF_SUITE_DEVICE=cpu, and GPUBUF_BENCH_ARGS to replace "--full"
+# (e.g. "--quick --rows 20000 --ops sample:256").
+set -euo pipefail
+
+if [ "$#" -eq 0 ]; then
+  sed -n '2,22p' "$0"
+  exit 2
+fi
+for stage in "$@"; do
+  case $stage in
+    tests | bench | codec | gather) ;;
+    *) echo "unknown stage '$stage': expected tests, bench, codec or gather" >&2; exit 2 ;;
+  esac
+done
+
+out=${OUT:-gpu-out}
+device=${GPUBUF_SUITE_DEVICE:-cuda}
+read -r -a bench_args <<< "${GPUBUF_BENCH_ARGS:---full}"
+mkdir -p "$out"
+site=/tmp/gpubuf-site
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .whl/*.whl
+fi
+# The checkout itself, not an installed copy: gpubuf from the root, gpubuf_kernels from kernels/.
+export PYTHONPATH="$site:$PWD:$PWD/kernels${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+
+python3 - <<'EOF' | tee "$out/environment.json"
+import json
+from gpubuf.benchmark import environment
+import torch
+print(json.dumps(environment.collect(torch.device("cuda" if torch.cuda.is_available() else "cpu")), indent=2, default=str))
+EOF
+
+status=0
+for stage in "$@"; do
+  dir="$out/$stage"
+  mkdir -p "$dir"
+  echo "== $stage ($(date -u +%H:%M:%S))"
+  case $stage in
+    tests)
+      # Not -x: one failure must not hide the others. (No TRITON_INTERPRET: tests/conftest.py sets
+      # it only where CUDA is missing.)
+      python3 -m pytest -q -p no:cacheprovider -rfs tests 2>&1 | tee "$dir/log.txt" || status=1
+      ;;
+    bench)
+      python3 -m gpubuf.cli bench "${bench_args[@]}" --device "$device" --out "$dir" 2>&1 | tee "$dir/log.txt" || status=1
+      ;;
+    codec)
+      python3 benchmarks/bench_compressed.py --device "$device" --no-per-game --json "$dir/compressed.json" 2>&1 \
+        | tee "$dir/log.txt" || status=1
+      ;;
+    gather)
+      python3 -m gpubuf.benchmark_gather --device "$device" --json "$dir/gather.json" 2>&1 | tee "$dir/log.txt" || status=1
+      ;;
+  esac
+done
+exit $status
