@@ -246,20 +246,22 @@ def format_table(result: dict) -> str:
         out.append("")
         out.append("bars (measured, not asserted):")
         for r in bars:
-            name = f"  {r['op']} {r['size']:,} gpubuf {r['buffer']}: {r['bar']}"
-            if r["ratio"] is None:
-                out.append(f"{name}: n/a ({r['reason']})")
-            else:
-                verdict = "met" if r["meets_bar"] else "MISSED"
-                out.append(f"{name}: gpubuf/{r['baseline']} = {r['ratio']:.3f} (need <= {r['bar_max_ratio']:.3f}) {verdict}")
+            ratio = r["ratio"]
+            out.append(
+                _bar_line(r, None if ratio is None else f"gpubuf/{r['baseline']} = {ratio:.3f} (need <= {r['bar_max_ratio']:.3f})")
+            )
         for r in time_bars:
-            name = f"  {r['op']} {r['size']:,} gpubuf {r['buffer']}: {r['bar']}"
-            if r["gpubuf_p50_s"] is None:
-                out.append(f"{name}: n/a ({r['reason']})")
-            else:
-                verdict = "met" if r["meets_bar"] else "MISSED"
-                out.append(f"{name}: median {format_time(r['gpubuf_p50_s'])} {verdict}")
+            p50 = r["gpubuf_p50_s"]
+            out.append(_bar_line(r, None if p50 is None else f"median {format_time(p50)}"))
     return "\n".join(out)
+
+
+def _bar_line(entry: dict, measured: str | None) -> str:
+    """One line of the bars: the op, the bar, what was measured (None: unavailable) and the verdict."""
+    name = f"  {entry['op']} {entry['size']:,} gpubuf {entry['buffer']}: {entry['bar']}"
+    if measured is None:
+        return f"{name}: n/a ({entry['reason']})"
+    return f"{name}: {measured} {'met' if entry['meets_bar'] else 'MISSED'}"
 
 
 # ---------------------------------------------------------------------------- files

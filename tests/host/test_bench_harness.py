@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import types
+from dataclasses import replace
 
 import pytest
 import torch
@@ -312,17 +313,7 @@ def test_cycle_is_in_the_configurations_and_bars():
 
 
 # ------------------------------------------------------------------------------ the sampler's steps alone
-SAMPLER = BenchConfig(
-    name="tiny-sampler",
-    rows=3_000,
-    extend_chunks=(),
-    sample_batches=(),
-    sampler_batches=(40, 700),
-    warmup=1,
-    repeats=3,
-    min_repeats=2,
-    min_block_s=0.0,
-)
+SAMPLER = replace(CYCLE, name="tiny-sampler", rows=3_000, cycle_batches=(), sampler_batches=(40, 700))
 
 
 @pytest.fixture(scope="module")
