@@ -123,7 +123,8 @@ def gather_rows_trusted(
         b = index.shape[0]
         if b >= ORDERED_GATHER_MIN_ROWS and _ordered_gather_applies(sources, index):
             return _gather_ordered(sources, index, None)
-        if targets is not None and b >= PREFETCH_MIN_ROWS:
+        # (numba_enabled again: GPUBUF_NUMBA=0 set after the targets were kept still stops it.)
+        if targets is not None and b >= PREFETCH_MIN_ROWS and numba_enabled():
             prefetch_rows(targets, index)
         # (Contiguous rows: ``stride(0)`` elements each. Cheaper than forming the shape.)
         return [

@@ -383,16 +383,14 @@ class TensorStorage(Storage):
             skip: the position of a leaf not to gather (the buffer fills it itself), or None.
         """
         sources = self._flat_leaves
-        if skip is None:
-            gathered = gather_rows_trusted(sources, index, self._row_targets(sources, skip))
-        else:
-            read = sources[:skip] + sources[skip + 1 :]
-            gathered = gather_rows_trusted(read, index, self._row_targets(sources, skip))
+        read = sources if skip is None else sources[:skip] + sources[skip + 1 :]
+        gathered = gather_rows_trusted(read, index, self._row_targets(sources, skip, read))
+        if skip is not None:
             gathered.insert(skip, None)
         return gathered
 
-    def _row_targets(self, sources: list, skip: int | None) -> Any:
-        """The prefetch targets of ``sources`` less leaf ``skip`` (see :func:`row_targets`).
+    def _row_targets(self, sources: list, skip: int | None, read: list) -> Any:
+        """The prefetch targets of ``read``, which is ``sources`` less leaf ``skip`` (see :func:`row_targets`).
 
         Kept while the storage keeps the same leaves list (a new allocation or load replaces
         it) at the same address (a copy of the storage in another process maps its leaves
@@ -402,7 +400,7 @@ class TensorStorage(Storage):
         address = sources[0].data_ptr()
         if kept is not None and kept[0] is sources and kept[1] == skip and kept[2] == address:
             return kept[3]
-        targets = row_targets(sources if skip is None else sources[:skip] + sources[skip + 1 :])
+        targets = row_targets(read)
         self._prefetch_targets = (sources, skip, address, targets)
         return targets
 

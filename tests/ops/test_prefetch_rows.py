@@ -124,3 +124,16 @@ def test_a_copy_of_the_storage_elsewhere_does_not_reuse_the_original_s_addresses
     copy._gather(torch.arange(200))
     assert copy._prefetch_targets[3].tolist() == row_targets(copy._flat_leaves).tolist()
     assert copy._prefetch_targets[3].tolist() != row_targets(storage._flat_leaves).tolist()
+
+
+def test_turning_the_compiled_kernels_off_stops_prefetching_with_kept_targets(monkeypatch):
+    seen = []
+    monkeypatch.setattr(gather_module, "prefetch_rows", lambda targets, index: seen.append(index.shape[0]))
+    sources = _sources()
+    targets = row_targets(sources)
+    index = torch.arange(gather_module.PREFETCH_MIN_ROWS)
+    gather_rows_trusted(sources, index, targets)
+    monkeypatch.setenv("GPUBUF_NUMBA", "0")
+    got = gather_rows_trusted(sources, index, targets)
+    assert seen == [index.shape[0]]
+    assert all(torch.equal(g, w) for g, w in zip(got, gather_rows_ref(sources, index)))
