@@ -229,7 +229,7 @@ def environment(device: torch.device, threads: int) -> dict:
             env[name] = __import__(name).__version__
         except Exception:  # not installed or broken: recorded as absent
             env[name] = None
-    from gpubuf.benchmark.environment import git_sha
+    from gpubuf.tools.bench.environment import git_sha
 
     env["git_sha"] = git_sha()
     return env

@@ -1,6 +1,6 @@
 """The sample-path gather, as GB/s, for gpubuf, raw torch and TorchRL (pytest-benchmark).
 
-The same ops, row kinds and sizes as :mod:`gpubuf.benchmark_gather` (which also measures the
+The same ops, row kinds and sizes as :mod:`gpubuf.tools.bench_gather` (which also measures the
 device's copy bandwidth in the same run and prints ratios)::
 
     python -m pytest benchmarks/bench_gather.py --benchmark-only [--bench-device cuda] [--no-torchrl]
@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpubuf.benchmark_gather import (
+from gpubuf.tools.bench_gather import (
     PROVIDERS,
     GatherBenchConfig,
     _gpubuf_provider,
@@ -23,7 +23,7 @@ from gpubuf.benchmark_gather import (
     _torchrl_provider,
     measure_copy_bandwidth,
 )
-from gpubuf.synthetic import make_rows, row_bytes
+from gpubuf.tools.synthetic import make_rows, row_bytes
 
 BATCHES = (256, 4_096, 65_536)
 KINDS = ("transition", "frames")

@@ -1,6 +1,6 @@
 """LazyMemmapStorage side by side: gpubuf vs TorchRL, extend and sample (pytest-benchmark).
 
-Both buffers hold the workload's ``N`` transitions (see :mod:`gpubuf.benchmark.workloads`) in a
+Both buffers hold the workload's ``N`` transitions (see :mod:`gpubuf.tools.bench.workloads`) in a
 ``LazyMemmapStorage(N)`` filled before timing, so an extend overwrites rows in place, as in a
 running training loop. ``scratch`` says where the files are:
 
@@ -21,8 +21,8 @@ import tempfile
 import pytest
 import torch
 
-from gpubuf.benchmark import torchrl_compat
-from gpubuf.benchmark.workloads import ROW_BYTES
+from gpubuf.tools.bench import torchrl_compat
+from gpubuf.tools.bench.workloads import ROW_BYTES
 
 OPS = [("extend", 1_000), ("extend", 100_000), ("sample", 65_536)]
 LIBRARIES = ["gpubuf", "torchrl"]

@@ -2,7 +2,7 @@
 and the sampler's draw and update alone for gpubuf and TorchRL.
 
 The same workload as ``gpubuf bench``'s ``cycle``, ``draw`` and ``update`` ops (see
-:mod:`gpubuf.benchmark.prioritized`), grouped by op so that pytest-benchmark's table puts the
+:mod:`gpubuf.tools.bench.prioritized`), grouped by op so that pytest-benchmark's table puts the
 providers side by side::
 
     python -m pytest benchmarks/ --benchmark-only -k "test_cycle or test_sampler" [--bench-rows 1000000] [--no-torchrl]
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpubuf.benchmark.workloads import OpSpec
+from gpubuf.tools.bench.workloads import OpSpec
 
 OPS = [OpSpec("cycle", 256), OpSpec("cycle", 65_536)]
 PROVIDERS = ["gpubuf TDPRB", "torchrl TDPRB", "raw", "gpubuf PRB", "torchrl PRB"]

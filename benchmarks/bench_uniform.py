@@ -1,6 +1,6 @@
 """Uniform replay: extend and sample for gpubuf, TorchRL and raw torch (pytest-benchmark).
 
-The same workload as ``gpubuf bench`` (see :mod:`gpubuf.benchmark.workloads`), grouped by op
+The same workload as ``gpubuf bench`` (see :mod:`gpubuf.tools.bench.workloads`), grouped by op
 so that pytest-benchmark's table puts the providers of one op next to each other::
 
     python -m pytest benchmarks/ --benchmark-only [--bench-rows 1000000] [--no-torchrl]
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpubuf.benchmark.workloads import OpSpec
+from gpubuf.tools.bench.workloads import OpSpec
 
 OPS = [OpSpec("extend", 1_000), OpSpec("extend", 100_000), OpSpec("sample", 256), OpSpec("sample", 65_536)]
 PROVIDERS = ["gpubuf TDRB", "torchrl TDRB", "raw", "gpubuf RB", "torchrl RB"]

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpubuf.benchmark import environment, torchrl_compat
-from gpubuf.benchmark.workloads import Provider, UnavailableProvider, default_providers, make_transitions
+from gpubuf.tools.bench import environment, torchrl_compat
+from gpubuf.tools.bench.workloads import Provider, UnavailableProvider, default_providers, make_transitions
 
 
 def pytest_addoption(parser):

@@ -1,6 +1,6 @@
 """Profiling session: the prioritized cycle: sample B rows, then update their priorities.
 
-Runs the ``prioritized`` workload of :mod:`gpubuf.profiling` under torch.profiler, writes a chrome
+Runs the ``prioritized`` workload of :mod:`gpubuf.tools.profile` under torch.profiler, writes a chrome
 trace to ``profiling/out/`` and prints the top kernels and the host overhead per call. On a
 machine without a GPU it profiles the torch twins on the CPU. Options as ``gpubuf profile``::
 
@@ -14,7 +14,7 @@ The cycle is one learner step's worth of replay work on a
 import sys
 from pathlib import Path
 
-from gpubuf.profiling import main
+from gpubuf.tools.profile import main
 
 if __name__ == "__main__":
     # Traces go next to this script (profiling/out/) wherever it is run from.

@@ -48,7 +48,7 @@ export PYTHONUNBUFFERED=1
 
 python3 - <<'EOF' | tee "$out/environment.json"
 import json
-from gpubuf.benchmark import environment
+from gpubuf.tools.bench import environment
 import torch
 print(json.dumps(environment.collect(torch.device("cuda" if torch.cuda.is_available() else "cpu")), indent=2, default=str))
 EOF
@@ -65,14 +65,14 @@ for stage in "$@"; do
       python3 -m pytest -q -p no:cacheprovider -rfs tests 2>&1 | tee "$dir/log.txt" || status=1
       ;;
     bench)
-      python3 -m gpubuf.cli bench "${bench_args[@]}" --device "$device" --out "$dir" 2>&1 | tee "$dir/log.txt" || status=1
+      python3 -m gpubuf.tools.cli bench "${bench_args[@]}" --device "$device" --out "$dir" 2>&1 | tee "$dir/log.txt" || status=1
       ;;
     codec)
       python3 benchmarks/bench_compressed.py --device "$device" --no-per-game --json "$dir/compressed.json" 2>&1 \
         | tee "$dir/log.txt" || status=1
       ;;
     gather)
-      python3 -m gpubuf.benchmark_gather --device "$device" --json "$dir/gather.json" 2>&1 | tee "$dir/log.txt" || status=1
+      python3 -m gpubuf.tools.bench_gather --device "$device" --json "$dir/gather.json" 2>&1 | tee "$dir/log.txt" || status=1
       ;;
   esac
 done

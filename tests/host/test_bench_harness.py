@@ -12,12 +12,12 @@ import pytest
 import torch
 
 import gpubuf
-from gpubuf.benchmark import prioritized, report, torchrl_compat
-from gpubuf.benchmark.config import FULL, QUICK, BenchConfig, bar_for, parse_ops, time_bar_for
-from gpubuf.benchmark.harness import run_benchmark
-from gpubuf.benchmark.timing import measure_round_robin
-from gpubuf.benchmark.workloads import PRB, RB, ROW_BYTES, TDPRB, TDRB, OpSpec, make_transitions
-from gpubuf.cli import main
+from gpubuf.tools.bench import prioritized, report, torchrl_compat
+from gpubuf.tools.bench.config import FULL, QUICK, BenchConfig, bar_for, parse_ops, time_bar_for
+from gpubuf.tools.bench.harness import run_benchmark
+from gpubuf.tools.bench.timing import measure_round_robin
+from gpubuf.tools.bench.workloads import PRB, RB, ROW_BYTES, TDPRB, TDRB, OpSpec, make_transitions
+from gpubuf.tools.cli import main
 
 TINY = BenchConfig(
     name="tiny",
@@ -68,7 +68,7 @@ def test_rows_have_fields_and_every_provider(result):
 
 
 def test_meta_records_the_cpu_tree_path_and_torchrl_extension(result, monkeypatch, tmp_path):
-    from gpubuf.benchmark import environment
+    from gpubuf.tools.bench import environment
 
     meta = result["meta"]
     assert meta["cpu_kernels"] == "numba"  # the test extra installs Numba
@@ -203,7 +203,7 @@ def test_parse_ops():
 
 def test_cli_bench_help():
     done = subprocess.run(
-        [sys.executable, "-m", "gpubuf.cli", "bench", "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "gpubuf.tools.cli", "bench", "--help"], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
     for option in ("--device", "--quick", "--full", "--out", "--no-torchrl", "--ops"):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpubuf.benchmark import environment
+from gpubuf.tools.bench import environment
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "device" / "gpu_suite.sh"
 

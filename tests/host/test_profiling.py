@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpubuf.profiling import (
+from gpubuf.tools.profile import (
     WORKLOADS,
     ProfileConfig,
     add_profile_parser,

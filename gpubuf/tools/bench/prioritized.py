@@ -3,7 +3,7 @@
 One *cycle* of batch size ``B`` is what a prioritized-replay training step does to its buffer:
 sample ``B`` items in proportion to their priorities (draw, gather the rows, compute the
 importance weights), then write ``B`` new priorities for them. The data is the uniform
-workload's (:func:`~gpubuf.benchmark.workloads.make_transitions`); before timing, every item
+workload's (:func:`~gpubuf.tools.bench.workloads.make_transitions`); before timing, every item
 gets a random priority, the same for every provider.
 
 Providers:

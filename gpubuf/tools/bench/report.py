@@ -13,7 +13,7 @@ A result is a plain dict (what the JSON file holds)::
 
 Ratios are gpubuf's median time over the baseline's median time, so below 1 means gpubuf is
 faster. GB/s counts the workload's payload bytes read plus written (see
-:attr:`~gpubuf.benchmark.workloads.OpSpec.bytes_moved`), the same for every provider, so it
+:attr:`~gpubuf.tools.bench.workloads.OpSpec.bytes_moved`), the same for every provider, so it
 compares like with like.
 """
 
@@ -24,9 +24,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from gpubuf.benchmark.config import bar_for, time_bar_for
-from gpubuf.benchmark.timing import Timing
-from gpubuf.benchmark.workloads import OpSpec, Provider
+from gpubuf.tools.bench.config import bar_for, time_bar_for
+from gpubuf.tools.bench.timing import Timing
+from gpubuf.tools.bench.workloads import OpSpec, Provider
 
 OK = "ok"
 UNAVAILABLE = "unavailable"
@@ -56,7 +56,7 @@ def measured_row(op: OpSpec, provider: Provider, timing: Timing, buffer_rows: in
         provider: who ran it.
         timing: its per-call times.
         buffer_rows: ``N``.
-        env: the environment block (see :func:`gpubuf.benchmark.environment.collect`).
+        env: the environment block (see :func:`gpubuf.tools.bench.environment.collect`).
     """
     p50 = timing.p50
     row = _row_base(op, provider, buffer_rows, env)
@@ -135,7 +135,7 @@ def compute_ratios(rows: list[dict]) -> list[dict]:
 
 
 def compute_time_bars(rows: list[dict]) -> list[dict]:
-    """Every gpubuf row that has a time bar (:data:`~gpubuf.benchmark.config.TIME_BARS`) on its
+    """Every gpubuf row that has a time bar (:data:`~gpubuf.tools.bench.config.TIME_BARS`) on its
     device, with its median against the bar (None when the row is unavailable)."""
     entries = []
     for row in rows:

@@ -10,14 +10,14 @@ Two ops, three providers, measured in one process, interleaved round robin:
   ``TensorDictReplayBuffer(storage=LazyTensorStorage(N)).sample(B)``; raw: ``randint`` then
   ``index_select`` per field (the floor).
 
-for two row kinds (:mod:`gpubuf.synthetic`): 292-byte transitions and 84x84x4 uint8 frames
+for two row kinds (:mod:`gpubuf.tools.synthetic`): 292-byte transitions and 84x84x4 uint8 frames
 (28,224 bytes), at ``B`` = 256, 4,096 and 65,536.
 
 GB/s counts payload bytes read plus written, ``2 * B * row_bytes`` per call, the same for every
 provider. The copy bandwidth is ``dst.copy_(src)`` of a large buffer on the same device in the
 same run (``2 * nbytes`` per call): memory-bound ops are judged against it.
 
-Run: ``python -m gpubuf.benchmark_gather [--device cpu] [--quick] [--json out.json]``; the
+Run: ``python -m gpubuf.tools.bench_gather [--device cpu] [--quick] [--json out.json]``; the
 harness calls :func:`run_gather_benchmark` and :func:`format_report`.
 """
 
@@ -62,7 +62,7 @@ class GatherBenchConfig:
         ops: ``"gather"`` and/or ``"sample"``.
         include_torchrl: False reports TorchRL as not requested, without importing it.
         warmup, repeats, min_repeats, min_block_s, max_op_s: timing, see
-            :func:`gpubuf.benchmark.timing.measure_round_robin` (``max_op_s`` per op).
+            :func:`gpubuf.tools.bench.timing.measure_round_robin` (``max_op_s`` per op).
         copy_bytes: size of the copy-bandwidth buffer.
         seed: data and index seed.
     """
@@ -90,7 +90,7 @@ class GatherBenchConfig:
 
 
 def _timer(device: torch.device, **kwargs: Any) -> Callable[[dict], dict]:
-    from gpubuf.benchmark.timing import measure_round_robin
+    from gpubuf.tools.bench.timing import measure_round_robin
 
     return lambda calls: measure_round_robin(calls, device=device, **kwargs)
 
@@ -106,7 +106,7 @@ def measure_copy_bandwidth(device: torch.device, nbytes: int | None = None, repe
     Returns:
         ``{"bytes", "p50_s", "gb_per_s"}``.
     """
-    from gpubuf.benchmark.timing import measure_round_robin
+    from gpubuf.tools.bench.timing import measure_round_robin
 
     if nbytes is None:
         nbytes = (1 << 30) if device.type == "cuda" else (256 << 20)
@@ -152,7 +152,7 @@ def _raw_provider(data: Any) -> Calls:
 
 
 def _torchrl_provider(data: Any) -> Calls:
-    from gpubuf.benchmark import torchrl_compat
+    from gpubuf.tools.bench import torchrl_compat
 
     with torchrl_compat.quiet_logs():
         trl = torchrl_compat.namespace()
@@ -189,8 +189,8 @@ def run_gather_benchmark(config: GatherBenchConfig) -> dict[str, Any]:
         median time over a baseline's (below 1: gpubuf is faster), with the bar where one
         applies.
     """
-    from gpubuf.benchmark import environment, torchrl_compat
-    from gpubuf.synthetic import make_rows, row_bytes
+    from gpubuf.tools.bench import environment, torchrl_compat
+    from gpubuf.tools.synthetic import make_rows, row_bytes
 
     device = config.device
     timer = _timer(
@@ -367,7 +367,7 @@ def _fmt_time(seconds: float) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m gpubuf.benchmark_gather``: runs the benchmark and prints the report."""
+    """``python -m gpubuf.tools.bench_gather``: runs the benchmark and prints the report."""
     parser = argparse.ArgumentParser(prog="gpubuf-bench-gather", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="auto", help="auto (cuda if present), cpu, cuda")
     parser.add_argument("--kinds", nargs="+", default=["transition", "frames"], choices=("transition", "frames"))

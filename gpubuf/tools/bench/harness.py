@@ -9,10 +9,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from gpubuf.benchmark import environment, report, torchrl_compat
-from gpubuf.benchmark.config import BenchConfig
-from gpubuf.benchmark.timing import measure_round_robin
-from gpubuf.benchmark.workloads import (
+from gpubuf.tools.bench import environment, report, torchrl_compat
+from gpubuf.tools.bench.config import BenchConfig
+from gpubuf.tools.bench.timing import measure_round_robin
+from gpubuf.tools.bench.workloads import (
     ROW_BYTES,
     OpSpec,
     Provider,
@@ -70,14 +70,14 @@ def run_benchmark(
     providers: Sequence[Provider] | None = None,
     progress: Progress | None = stderr_progress,
 ) -> dict:
-    """Runs the sweep and returns the result (see :mod:`gpubuf.benchmark.report` for its form).
+    """Runs the sweep and returns the result (see :mod:`gpubuf.tools.bench.report` for its form).
 
     Args:
         config: sizes and timing budget.
         device: where data, buffers and timing live.
         ops: the ops to run; defaults to every op of ``config``.
         include_torchrl: when False, TorchRL is not imported and its rows say "not requested".
-        providers: overrides :func:`~gpubuf.benchmark.workloads.default_providers` (tests).
+        providers: overrides :func:`~gpubuf.tools.bench.workloads.default_providers` (tests).
         progress: called with one line per step; None for silence.
 
     Returns:

@@ -55,9 +55,9 @@ def run(args: argparse.Namespace) -> int:
     # Imported here so that `gpubuf --help` and other subcommands do not pay for them.
     import torch
 
-    from gpubuf.benchmark import environment, report
-    from gpubuf.benchmark.config import CONFIGS, parse_ops
-    from gpubuf.benchmark.harness import run_benchmark, stderr_progress
+    from gpubuf.tools.bench import environment, report
+    from gpubuf.tools.bench.config import CONFIGS, parse_ops
+    from gpubuf.tools.bench.harness import run_benchmark, stderr_progress
 
     config = CONFIGS[args.config]
     if args.rows is not None:

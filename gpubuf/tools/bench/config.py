@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from gpubuf.benchmark.workloads import KINDS, SAMPLER_KINDS, TDPRB, TDRB, OpSpec
+from gpubuf.tools.bench.workloads import KINDS, SAMPLER_KINDS, TDPRB, TDRB, OpSpec
 
 
 @dataclass(frozen=True)

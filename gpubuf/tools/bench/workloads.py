@@ -5,7 +5,7 @@ next_obs: f32[32]}`` (277 bytes a row). Ops: ``extend`` a chunk of rows into a f
 capacity ``N`` (round robin, so it overwrites), ``sample`` a uniform batch of ``B`` rows,
 ``cycle``: a prioritized sample of ``B`` rows followed by an update of their priorities, and
 the cycle's two sampler steps alone: ``draw`` (``B`` indices and weights, no rows) and
-``update`` (``B`` new priorities). See :mod:`gpubuf.benchmark.prioritized`.
+``update`` (``B`` new priorities). See :mod:`gpubuf.tools.bench.prioritized`.
 
 Providers run the same op on the same data; each runs the op kinds in its ``kinds``:
 
@@ -15,7 +15,7 @@ Providers run the same op on the same data; each runs the op kinds in its ``kind
   the former's sampler for ``draw`` and ``update``;
 - ``raw``: the floor in plain torch, one preallocated tensor per field; extend is a slice
   ``copy_`` per field, sample is ``randint`` + ``index_select`` per field, the cycle is
-  :func:`~gpubuf.benchmark.prioritized.raw_cycle`.
+  :func:`~gpubuf.tools.bench.prioritized.raw_cycle`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 from tensordict import TensorDict
 
-from gpubuf.benchmark import prioritized, torchrl_compat
+from gpubuf.tools.bench import prioritized, torchrl_compat
 
 #: name -> (dtype, per-row shape), in storage order.
 FIELDS: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {
@@ -46,7 +46,7 @@ TDPRB = prioritized.TDPRB
 PRB = prioritized.PRB
 #: The op kinds, in the order a configuration runs them.
 KINDS = ("extend", "sample", "cycle", "draw", "update")
-#: The kinds that time a prioritized sampler alone (see :mod:`gpubuf.benchmark.prioritized`).
+#: The kinds that time a prioritized sampler alone (see :mod:`gpubuf.tools.bench.prioritized`).
 SAMPLER_KINDS = ("draw", "update")
 _SHORT = {TDRB: "TDRB", RB: "RB", TDPRB: "TDPRB", PRB: "PRB"}
 

@@ -115,7 +115,7 @@ def _buffer_class(name: str) -> Any:
 
 def _filled_buffer(config: ProfileConfig, cls_name: str = "TensorDictReplayBuffer", **kwargs: Any) -> tuple[Any, Any]:
     import gpubuf
-    from gpubuf.synthetic import make_rows
+    from gpubuf.tools.synthetic import make_rows
 
     data = make_rows(config.row_kind, config.rows, config.device, seed=config.seed)
     storage = gpubuf.LazyTensorStorage(config.rows, device=kwargs.pop("storage_device", config.device))
@@ -418,7 +418,7 @@ def format_table(result: ProfileResult, top: int | None = None) -> str:
 
 
 # ------------------------------------------------------------------------------------------
-# Command line: `gpubuf profile WORKLOAD` and python -m gpubuf.profiling
+# Command line: `gpubuf profile WORKLOAD` and python -m gpubuf.tools.profile
 # ------------------------------------------------------------------------------------------
 
 
@@ -465,7 +465,7 @@ def add_profile_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-#: The ``register(subparsers)`` entry point that ``gpubuf.cli`` expects of a subcommand module.
+#: The ``register(subparsers)`` entry point that ``gpubuf.tools.cli`` expects of a subcommand module.
 register = add_profile_parser
 
 
@@ -506,7 +506,7 @@ def run_profile(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None, *, defaults: dict | None = None) -> int:
-    """``python -m gpubuf.profiling WORKLOAD [options]`` (and the ``profiling/`` scripts)."""
+    """``python -m gpubuf.tools.profile WORKLOAD [options]`` (and the ``profiling/`` scripts)."""
     parser = _configure(argparse.ArgumentParser(prog="gpubuf-profile", description=__doc__.split("\n\n")[0]))
     if defaults:
         parser.set_defaults(**defaults)
