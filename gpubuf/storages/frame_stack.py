@@ -5,7 +5,7 @@ frame appears up to eight times. This storage keeps each distinct frame once, co
 :mod:`gpubuf.codec.format`), and each stacked row as references to its frames; sampling decodes
 the referenced frames straight into the stacked output in one fused op.
 
-**Which frames are shared** is decided by comparing bytes (:func:`gpubuf.codec.framestack.match_frames`):
+**Which frames are shared** is decided by comparing bytes (:func:`gpubuf.ops.match_frames.match_frames`):
 a slot of a new row reuses a stored frame only when its bytes are identical to it, so the result
 is exact whatever the episode structure (episode starts that repeat their first frame, resets,
 truncations) and whatever the data. Candidates are the previous row (the last one written before,
@@ -27,10 +27,10 @@ from typing import Any, Sequence
 
 import torch
 
-from gpubuf.codec.encoder import encode_planes_at
+from gpubuf.ops.encode_rows import encode_planes_at
 from gpubuf.codec.format import RowGeometry
-from gpubuf.codec.framestack import match_frames
-from gpubuf.codec.store import RowStore
+from gpubuf.ops.match_frames import match_frames
+from gpubuf.storages._row_store import RowStore
 from gpubuf.errors import SchemaMismatchError
 from gpubuf.ops._dispatch import kernel_module, resolve_backend
 from gpubuf.ops.decode_rows import decode_rows, empty_output

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gpubuf.codec.encoder import wide_view
+from gpubuf.ops.encode_rows import wide_view
 from gpubuf.ops._dispatch import kernel_module, resolve_backend
 
 __all__ = ["stack_indices", "transition_indices", "match_frames", "frames_equal"]
