@@ -53,6 +53,11 @@ from gpubuf.writers import (
     Writer,
     WriterEnsemble,
 )
+from gpubuf.checkpoint import dump_storage as _dump_storage, load_storage as _load_storage
+
+# Storages expose their state and never import the checkpoint code: the package, above both,
+# tells them how their dumps() and loads() are done.
+Storage._checkpoint_io = (_dump_storage, _load_storage)
 
 __version__ = "0.1.0"
 

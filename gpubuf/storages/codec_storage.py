@@ -33,7 +33,8 @@ from gpubuf.errors import (
 from gpubuf.ops.decode_rows import decode_rows
 from gpubuf.storages._layout import Layout
 from gpubuf.storages.base import Storage, check_max_size
-from gpubuf.storages.tensor import _as_device, _is_int, _leading_size, _stack_items
+from gpubuf.storages.items import is_int, leading_size, stack_items
+from gpubuf.storages.tensor import _as_device
 
 __all__ = ["CompressedTensorStorage", "EncodedStorageBase"]
 
@@ -205,8 +206,8 @@ class EncodedStorageBase(Storage):
     def _write_rows(self, start: int, data: Any) -> int:
         """Round-robin write of a batch from row ``start`` on (the writers' path); returns its length."""
         if isinstance(data, list):
-            data = _stack_items(data)
-        n = _leading_size(data)
+            data = stack_items(data)
+        n = leading_size(data)
         layout, leaves, needs_init = self._prepare(data, n)
         if needs_init:
             self._install(layout, leaves[0].device)
@@ -229,8 +230,8 @@ class EncodedStorageBase(Storage):
             IndexOutOfRangeError: a cursor outside ``[-max_size, max_size)``; nothing is written.
         """
         if isinstance(data, list):
-            data = _stack_items(data)
-        if _is_int(cursor):
+            data = stack_items(data)
+        if is_int(cursor):
             rows = torch.tensor([int(cursor)])
             n = None
         else:
@@ -280,11 +281,12 @@ class EncodedStorageBase(Storage):
             leaves[skip] = None
         return leaves
 
-    def _build(self, leaves: list, lead: Sequence[int], consumed: int | None = None) -> Any:
+    def _build(self, leaves: list, lead: Sequence[int], *, device: torch.device | None = None) -> Any:
         layout = self._layout
+        device = self.device if device is None else device
         if layout.kind in ("tensordict", "tensorclass"):
-            return layout.build(leaves, torch.Size([*lead, *layout.item_batch]), self.device)
-        return layout.build(leaves, torch.Size(lead), self.device)
+            return layout.build(leaves, torch.Size([*lead, *layout.item_batch]), device)
+        return layout.build(leaves, torch.Size(lead), device)
 
     def get(self, index: Any) -> Any:
         """Reads items: an int gives one item; a slice, sequence or 1-D tensor gives a batch.
@@ -298,7 +300,7 @@ class EncodedStorageBase(Storage):
         """
         self._check_readable()
         n = self._len
-        single = _is_int(index)
+        single = is_int(index)
         if single:
             rows = torch.tensor([int(index)])
         elif isinstance(index, slice):
