@@ -118,16 +118,39 @@ def gather_rows_trusted(sources: Sequence[torch.Tensor], index: torch.Tensor) ->
         b = index.shape[0]
         if b >= ORDERED_GATHER_MIN_ROWS and _ordered_gather_applies(sources, index):
             return _gather_ordered(sources, index, None)
-        # (Contiguous rows: ``stride(0)`` elements each. Cheaper than forming the shape.)
+        # Contiguous rows: ``stride(0)`` elements each (cheaper than forming the shape).
+        widths = [src.stride(0) * src.element_size() for src in sources]
+        if b >= PREFETCH_MIN_ROWS and numba_enabled():
+            _prefetch_rows(sources, widths, index)
         return [
-            torch.index_select(src, 0, index)
-            if b * src.stride(0) * src.element_size() < LARGE_OUTPUT_BYTES
-            else _index_select_host(src, index)
-            for src in sources
+            torch.index_select(src, 0, index) if b * width < LARGE_OUTPUT_BYTES else _index_select_host(src, index)
+            for src, width in zip(sources, widths)
         ]
     if _triton_ok():
         return kernel_module("gather").gather_rows_triton(list(sources), index, None)
     return [torch.index_select(src, 0, index) for src in sources]
+
+
+#: From this many rows on, a CPU gather with the compiled kernels prefetches its rows before
+#: ``index_select`` copies them (:func:`_prefetch_rows`). Below it the call costs about what it
+#: saves (1.00 to 1.02 times the time at 64 rows, 1.02 to 1.05 at 16).
+PREFETCH_MIN_ROWS = 128
+
+
+def _prefetch_rows(sources: Sequence[torch.Tensor], widths: list[int], index: torch.Tensor) -> None:
+    """Asks the processor to fetch rows ``index`` of every source (``widths`` bytes each) into its caches.
+
+    A sample of a few hundred rows from a large storage misses the cache on nearly every line;
+    ``index_select`` overlaps only the few misses its reorder window reaches, where prefetches
+    issued first overlap many. Measured on 1M rows of 277 B over five fields, side by side with
+    the gather without it (``benchmarks/side_by_side_host.py``'s rows): a uniform sample of 256
+    rows in 0.55 to 0.65 times the time on a loaded 2-core machine. Changes nothing; a
+    prefetch never faults, whatever the address.
+    """
+    # Per source: row 0's address, the row stride and the row's length, in bytes (contiguous
+    # rows: the stride). Taken on every call: nothing about the sources is kept between calls.
+    targets = np.array([(src.data_ptr(), width, width) for src, width in zip(sources, widths)], dtype=np.int64)
+    kernel_module("cpu.prefetch").prefetch_rows(targets, index.numpy())
 
 
 #: From this many rows on, a CPU gather with the compiled kernels reads the rows in address

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from gpubuf.codec.encoder import encode_planes
+from gpubuf.codec.encoder import EncodedBatch, encode_planes
 from gpubuf.codec.format import RowGeometry
 from gpubuf.codec.store import RowStore
 from gpubuf.errors import (
@@ -47,8 +47,6 @@ def _norm_key(key: Any) -> tuple:
 
 def encode_rows(rows: torch.Tensor, geometry: RowGeometry, **kwargs):
     """Encodes ``[n, *shape]`` rows in chunks of a few MiB; returns one :class:`EncodedBatch`."""
-    from gpubuf.codec.encoder import EncodedBatch
-
     n = rows.shape[0]
     chunk = max(1, _ENCODE_CHUNK_BYTES // max(geometry.raw_bytes, 1))
     if n <= chunk:
