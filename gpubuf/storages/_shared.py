@@ -23,7 +23,6 @@ import mmap
 import os
 import sys
 import threading
-from typing import Any
 
 from gpubuf.file_lock import FileLock
 

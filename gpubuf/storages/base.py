@@ -60,7 +60,7 @@ class Storage:
     - :meth:`_write_rows`: write a batch at given consecutive rows;
     - :meth:`_flat_index`: a sampler's index as the rows :meth:`_gather` takes;
     - :meth:`_gather`: the rows of every leaf, as one batch per leaf;
-    - :meth:`_build`: those batches wrapped into the container the items came in.
+    - :meth:`_build`: those batches wrapped into the container the items came in (:attr:`layout`'s).
 
     :attr:`_row_sources` names the tensors a cross-device read copies rows of (see
     :class:`~gpubuf.ReplayBuffer`'s ``batch_device``), or is None where the storage gathers
@@ -193,15 +193,22 @@ class Storage:
         return [self.get(index)]
 
     def _build(self, leaves: list, lead: Sequence[int], *, device: torch.device | None = None) -> Any:
-        """Wraps :meth:`_gather`'s batches into the stored container (the default: the one batch).
+        """Wraps :meth:`_gather`'s batches into the stored container.
 
         Args:
-            leaves: one batch per leaf, led by ``lead``.
+            leaves: one batch per leaf of :attr:`layout`, led by ``lead``; for a storage without
+                a layout, the one batch :meth:`get` returned, which is returned as it is.
             lead: the batch's leading dims.
             device: where the leaves are, when a cross-device read put them elsewhere than the
                 storage's device; None for the storage's device.
         """
-        return leaves[0]
+        layout = self.layout
+        if layout is None:
+            return leaves[0]
+        device = self.device if device is None else device
+        if layout.kind in ("tensordict", "tensorclass"):
+            return layout.build(leaves, torch.Size([*lead, *layout.item_batch]), device)
+        return layout.build(leaves, torch.Size(lead), device)
 
     # ------------------------------------------------------------------ shared behaviour
     def __getitem__(self, item: Any) -> Any:

@@ -279,13 +279,6 @@ class EncodedStorageBase(Storage):
             leaves[skip] = None
         return leaves
 
-    def _build(self, leaves: list, lead: Sequence[int], *, device: torch.device | None = None) -> Any:
-        layout = self._layout
-        device = self.device if device is None else device
-        if layout.kind in ("tensordict", "tensorclass"):
-            return layout.build(leaves, torch.Size([*lead, *layout.item_batch]), device)
-        return layout.build(leaves, torch.Size(lead), device)
-
     def get(self, index: Any) -> Any:
         """Reads items: an int gives one item; a slice, sequence or 1-D tensor gives a batch.
 

@@ -737,11 +737,7 @@ class LazyMemmapStorage(LazyTensorStorage):
         """The whole storage as one container of views on the mapped files (host memory)."""
         if not self.initialized:
             return None
-        layout = self._layout
-        lead = [self._capacity_along_dim0]
-        if layout.kind in ("tensordict", "tensorclass"):
-            return layout.build(list(self._leaves), torch.Size([*lead, *layout.item_batch]), _CPU)
-        return layout.build(list(self._leaves), torch.Size(lead), _CPU)
+        return self._build(list(self._leaves), [self._capacity_along_dim0], device=_CPU, consumed=0)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

@@ -349,16 +349,6 @@ class SpillStorage(Storage):
             gathered.insert(skip, None)
         return list(gathered)
 
-    def _build(self, leaves: list, lead: Sequence[int], *, device: torch.device | None = None) -> Any:
-        layout = self._layout
-        device = self.device if device is None else device
-        if layout.kind in ("tensordict", "tensorclass"):
-            return layout.build(leaves, torch.Size([*lead, *layout.item_batch]), device)
-        return layout.build(leaves, torch.Size(lead), device)
-
-    def _flat_index(self, index: Any) -> torch.Tensor:
-        return index
-
     def _rows_of(self, index: Any) -> tuple[torch.Tensor, bool]:
         """``(rows, single)`` for a read index, negative values counting from the end of the written range."""
         n = self._len

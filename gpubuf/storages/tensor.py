@@ -444,8 +444,6 @@ class TensorStorage(Storage):
         feature_ndim = len(spec.shape) - len(self._layout.item_batch)
         out_shape = leaves[0].shape
         batch = out_shape[: len(out_shape) - feature_ndim]
-        if self._layout.kind in ("tensordict", "tensorclass"):
-            return self._layout.build(leaves, batch, self.device)
         return self._layout.build(leaves, batch, self.device)
 
     def _rand_given_ndim(self, batch_size: int) -> Any:
