@@ -13,6 +13,8 @@ the ratio is TorchRL's median time over gpubuf's (above 1: gpubuf is faster). To
 default thread count unless ``--threads`` says otherwise.
 
     PYTHONPATH=$PWD:$PWD/kernels python benchmarks/side_by_side_host.py --rows 1000000 --out results.json
+
+``GPUBUF_NUMBA=0`` gives a plain install's paths (no compiled CPU kernels).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Any, Callable
 import torch
 
 import gpubuf
+import gpubuf.host_memory
 from gpubuf.tools.bench.timing import measure_round_robin
 from gpubuf.tools.bench.workloads import make_transitions
 
@@ -68,10 +71,13 @@ def main() -> None:
     parser.add_argument("--buffers", nargs="+", default=list(BUFFERS), choices=BUFFERS)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--huge-pages", action="store_true", help="gpubuf.host_memory.use_huge_pages() first")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.huge_pages:
+        gpubuf.host_memory.use_huge_pages()
     import torchrl.data as trl
 
     data = make_transitions(args.rows)
@@ -106,7 +112,7 @@ def main() -> None:
     if args.out:
         sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
         meta = {"git": sha, "rows": args.rows, "threads": torch.get_num_threads(), "torch": torch.__version__,
-                "numba": os.environ.get("GPUBUF_NUMBA", "default")}
+                "numba": os.environ.get("GPUBUF_NUMBA", "default"), "huge_pages": args.huge_pages}
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "results": rows_out}, f, indent=1)
 

@@ -10,6 +10,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
 from gpubuf.buffers._prefetch import Prefetcher
+from gpubuf import staging
 from gpubuf.buffers._transforms import TransformChain
 from gpubuf.checkpoint import dump_buffer, load_buffer
 from gpubuf.errors import BatchSizeError, DeviceMismatchError
@@ -19,7 +20,6 @@ from gpubuf.storages._layout import expand_as_batch, is_tensor_collection
 from gpubuf.storages.base import Storage
 from gpubuf.storages.list import ListStorage
 from gpubuf.storages.items import is_int
-from gpubuf import staging
 from gpubuf.writers import RoundRobinWriter, Writer
 
 
@@ -355,7 +355,7 @@ class ReplayBuffer:
         """Transforms and pins a read batch."""
         if len(self._transform):
             data = self._apply_transform(data)
-        if self._pin_memory and torch.cuda.is_available() and isinstance(data, _PINNABLE):
+        if self._pin_memory and torch.cuda.is_available() and _holds_tensors(data):
             device = data.device
             if device is None or torch.device(device).type == "cpu":
                 data = data.pin_memory()  # a no-op for rows gathered into pinned memory already
@@ -726,10 +726,6 @@ class _Route(NamedTuple):
 #: The key under which a TensorDict batch carries the drawn indices.
 _INDEX_KEY = ("index",)
 
-#: Batches that ``pin_memory`` and ``batch_device`` apply to.
-_PINNABLE = (torch.Tensor, TensorDictBase)
-
-
 def _info_entries(info: dict, index_filled: bool) -> dict:
     """The entries a TensorDict batch gets from a draw's ``info``: every tensor (per-dim index
     tuples stacked on a last dim), except ``"index"`` when the stored index column holds it."""
@@ -784,8 +780,11 @@ def _attach(data: Any, extra: dict | None) -> Any:
     return data
 
 
+def _holds_tensors(data: Any) -> bool:
+    """Whether a batch is a tensor, TensorDict or tensorclass (not a list of arbitrary objects)."""
+    return isinstance(data, (torch.Tensor, TensorDictBase)) or is_tensorclass(data)
+
+
 def _move(data: Any, device: torch.device) -> Any:
     """A batch of tensors on ``device``; other batches (lists of objects) as they are."""
-    if isinstance(data, _PINNABLE) or is_tensorclass(data):
-        return data.to(device)
-    return data
+    return data.to(device) if _holds_tensors(data) else data
