@@ -14,7 +14,7 @@ import torch
 
 from gpubuf.errors import SchemaMismatchError
 from gpubuf.ops import _checks
-from gpubuf.ops._dispatch import kernel_module, numba_enabled, resolve_backend
+from gpubuf.ops._dispatch import _triton_importable, kernel_module, numba_enabled, resolve_backend
 from gpubuf.host_memory import LARGE_OUTPUT_BYTES, empty_host
 
 __all__ = ["gather_rows", "gather_rows_ref"]
@@ -126,7 +126,7 @@ def gather_rows_trusted(sources: Sequence[torch.Tensor], index: torch.Tensor) ->
             torch.index_select(src, 0, index) if b * width < LARGE_OUTPUT_BYTES else _index_select_host(src, index)
             for src, width in zip(sources, widths)
         ]
-    if _triton_ok():
+    if _triton_importable():
         return kernel_module("gather").gather_rows_triton(list(sources), index, None)
     return [torch.index_select(src, 0, index) for src in sources]
 
@@ -196,9 +196,3 @@ def _index_select_host(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     if math.prod(shape) * src.dtype.itemsize < LARGE_OUTPUT_BYTES:
         return torch.index_select(src, 0, index)
     return torch.index_select(src, 0, index, out=empty_host(shape, src.dtype))
-
-
-def _triton_ok() -> bool:
-    from gpubuf.ops._dispatch import _triton_importable
-
-    return _triton_importable()

@@ -22,9 +22,9 @@ from __future__ import annotations
 import mmap
 import os
 import sys
-import threading
 
 from gpubuf.file_lock import FileLock
+from gpubuf.storages.base import WriteCursor
 
 __all__ = ["FileLock", "FileState", "LocalState", "STATUS_EMPTY", "STATUS_INITIALIZING", "STATUS_READY"]
 
@@ -55,30 +55,19 @@ def state_dir(directory: str) -> str:
     return os.path.join(directory, STATE_DIRNAME)
 
 
-class LocalState:
+class LocalState(WriteCursor):
     """The write counters of a storage that lives in this process only."""
 
     shared = False
 
     def __init__(self) -> None:
-        self.lock = threading.RLock()
+        super().__init__()
         self.length = 0
-        self.cursor = 0
-        self.write_count = 0
         self.alloc_rows = 0
         self.status = STATUS_EMPTY
 
     def values(self) -> dict[str, int]:
         return {"length": self.length, "cursor": self.cursor, "write_count": self.write_count}
-
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        del state["lock"]
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self.lock = threading.RLock()
 
     def close(self) -> None:
         pass

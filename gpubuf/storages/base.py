@@ -37,12 +37,11 @@ class WriteCursor:
         self.lock = threading.RLock()
 
     def __getstate__(self) -> dict:
-        return {"cursor": self.cursor, "write_count": self.write_count}
+        return {key: value for key, value in self.__dict__.items() if key != "lock"}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__()
-        self.cursor = state["cursor"]
-        self.write_count = state["write_count"]
+        self.__dict__.update(state)
+        self.lock = threading.RLock()
 
 
 class Storage:
