@@ -339,7 +339,7 @@ class ReplayBuffer:
                 fills[skip] = value.to(route.transfer.source)
             leaves = route.transfer.gather(sources, rows.to(route.transfer.source), fills)
             data = self._collate_fn(storage._build(leaves, lead, device=route.target))
-        return _attach(data, extra)
+        return _attach(data, extra) if extra else data
 
     def _draw(self, batch_size: int) -> tuple[Any, dict]:
         """The sampler's indices and info for one batch. Called with the lock held."""
@@ -430,14 +430,14 @@ class ReplayBuffer:
         ready: Any,
         *,
         prefetching: bool = False,
-        release: Callable[[], None] | None = None,
+        lock: Any = None,
         route: "_Route | None" = None,
     ) -> tuple[Any, Any]:
         """Reads and finishes a drawn batch; returns ``(data, done)``.
 
         ``done`` is the CUDA event the consumer's stream must wait for (:meth:`_hand_out`), or
-        None when the batch is ready as returned. ``release``, when given, is called right after
-        the read (the caller held the lock for the draw and the read, not for the transforms).
+        None when the batch is ready as returned. ``lock``, when given, is held by the caller
+        and released right after the read (it covers the draw and the read, not the transforms).
         """
         route = self._route() if route is None else route
         side = self._side_stream(route, prefetching)
@@ -445,8 +445,8 @@ class ReplayBuffer:
             try:
                 data = self._read_drawn(index, info, batch_size)
             finally:
-                if release is not None:
-                    release()
+                if lock is not None:
+                    lock.release()
             return self._finish(data), None
         with side.run(ready):
             try:
@@ -457,8 +457,8 @@ class ReplayBuffer:
                         tensor.record_stream(side.stream)
                 data = self._read_drawn(index, info, batch_size)
             finally:
-                if release is not None:
-                    release()
+                if lock is not None:
+                    lock.release()
             data = self._finish(data)
             # A host batch is complete once read (the copy was waited for); a CUDA batch is
             # complete for the consumer once its stream has waited for this event.
@@ -473,23 +473,17 @@ class ReplayBuffer:
 
     def _sample(self, batch_size: int) -> tuple[Any, dict]:
         """Draws and reads one batch: the one read path (prefetch runs the same steps ahead)."""
-        # The lock covers the draw and the read (no write lands between them), not the transforms.
         lock = self._lock
         lock.acquire()
-        held = [True]
-
-        def release() -> None:
-            if held[0]:
-                held[0] = False
-                lock.release()
-
         try:
             index, info = self._draw(batch_size)
             route = self._route()
             ready = self._mark_ready(route=route)
-            data, done = self._produce(index, info, batch_size, ready, release=release, route=route)
-        finally:
-            release()
+        except BaseException:
+            lock.release()
+            raise
+        # _produce releases the lock once the batch is read.
+        data, done = self._produce(index, info, batch_size, ready, lock=lock, route=route)
         return self._hand_out(data, done), info
 
     def _apply_transform(self, data: Any) -> Any:
