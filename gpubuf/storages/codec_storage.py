@@ -33,8 +33,7 @@ from gpubuf.errors import (
 from gpubuf.ops.decode_rows import decode_rows
 from gpubuf.storages._layout import Layout
 from gpubuf.storages.base import Storage, check_max_size
-from gpubuf.storages.items import is_int, leading_size, stack_items
-from gpubuf.storages.tensor import _as_device
+from gpubuf.storages.items import as_device, is_int, leading_size, stack_items
 
 __all__ = ["CompressedTensorStorage", "EncodedStorageBase"]
 
@@ -100,7 +99,7 @@ class EncodedStorageBase(Storage):
     def __init__(self, max_size: int, *, device: Any = "cpu", verify: bool = True, compilable: bool = False) -> None:
         super().__init__(check_max_size(max_size), compilable=compilable)
         self._auto_device = device in ("auto", None)
-        self.device = "auto" if self._auto_device else _as_device(device)
+        self.device = "auto" if self._auto_device else as_device(device)
         self.verify = bool(verify)
         self._layout: Layout | None = None
         self._plain: dict[int, torch.Tensor] = {}  # leaf position -> [max_size, *shape] tensor

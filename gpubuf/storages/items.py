@@ -1,8 +1,8 @@
-"""What storages, writers and buffers need to know of the items they are given.
+"""What storages, writers and buffers need to know of the items and arguments they are given.
 
 Small helpers over the data a user passes in (a tensor, a TensorDict or tensorclass, a pytree
 of tensors, or a list of items): whether an index is one integer, how many items a batch
-holds, and how a list of items becomes one batch.
+holds, how a list of items becomes one batch, and which device a ``device=`` argument names.
 """
 
 from __future__ import annotations
@@ -16,7 +16,21 @@ import torch.utils._pytree as pytree
 from gpubuf.errors import SchemaMismatchError, UnsupportedDataError
 from gpubuf.storages._layout import is_tensor_collection
 
-__all__ = ["batch_length", "is_int", "leading_shape", "leading_size", "stack_items"]
+__all__ = ["AUTO_DEVICE", "as_device", "batch_length", "is_int", "leading_shape", "leading_size", "stack_items"]
+
+#: The ``device=`` values that mean "the device of the first batch written".
+AUTO_DEVICE = ("auto", None)
+
+
+def as_device(device: Any) -> torch.device | None:
+    """A storage's ``device=`` argument as a device (None for :data:`AUTO_DEVICE`); ``"cuda"`` gets its ordinal."""
+    if device in AUTO_DEVICE:
+        return None
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        # Make "cuda" comparable with tensors' devices, which always carry an ordinal.
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def is_int(value: Any) -> bool:

@@ -28,19 +28,8 @@ from gpubuf.ops.gather_rows import gather_rows_trusted
 from gpubuf.host_memory import HUGE_PAGE_BYTES, empty_host, huge_pages_enabled
 from gpubuf.storages._layout import Layout
 from gpubuf.storages.base import Storage, check_max_size
-from gpubuf.storages.items import is_int, leading_shape, leading_size, stack_items
+from gpubuf.storages.items import AUTO_DEVICE, as_device, is_int, leading_shape, leading_size, stack_items
 
-_AUTO = ("auto", None)
-
-
-def _as_device(device: Any) -> torch.device | None:
-    if device in _AUTO:
-        return None
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
-        # Make "cuda" comparable with tensors' devices, which always carry an ordinal.
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
 
 
 def _empty_leaf(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -95,8 +84,8 @@ class TensorStorage(Storage):
         self._flat_leaves: list[torch.Tensor] | None = None
         self._rest_shape = torch.Size()  # dims 1..ndim-1 of the storage
         self._len_value = 0
-        self._auto_device = device in _AUTO
-        self.device = "auto" if self._auto_device else _as_device(device)
+        self._auto_device = device in AUTO_DEVICE
+        self.device = "auto" if self._auto_device else as_device(device)
         if storage is not None:
             leading = leading_size(storage)
             if max_size is not None and check_max_size(max_size) != leading:
