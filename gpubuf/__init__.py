@@ -53,11 +53,13 @@ from gpubuf.writers import (
     Writer,
     WriterEnsemble,
 )
-from gpubuf.checkpoint import dump_storage as _dump_storage, load_storage as _load_storage
+from gpubuf.checkpoint import dump_buffer as _dump_buffer, dump_storage as _dump_storage
+from gpubuf.checkpoint import load_buffer as _load_buffer, load_storage as _load_storage
 
-# Storages expose their state and never import the checkpoint code: the package, above both,
-# tells them how their dumps() and loads() are done.
+# Buffers and storages expose their state and never import the checkpoint code: the package,
+# above them all, tells them how their dumps() and loads() are done.
 Storage._checkpoint_io = (_dump_storage, _load_storage)
+ReplayBuffer._checkpoint_io = (_dump_buffer, _load_buffer)
 
 __version__ = "0.1.0"
 

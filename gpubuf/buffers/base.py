@@ -12,7 +12,6 @@ from tensordict import TensorDict, TensorDictBase, is_tensorclass
 from gpubuf.buffers._prefetch import Prefetcher
 from gpubuf import staging
 from gpubuf.buffers._transforms import TransformChain
-from gpubuf.checkpoint import dump_buffer, load_buffer
 from gpubuf.errors import BatchSizeError, DeviceMismatchError
 from gpubuf.samplers.base import Sampler
 from gpubuf.samplers.random import RandomSampler, _check_batch_size
@@ -169,6 +168,9 @@ class ReplayBuffer:
         self.set_rng(generator)
 
     _default_writer = RoundRobinWriter
+    #: ``(dump(buffer, path), load(buffer, path))``: installed by the package from
+    #: :mod:`gpubuf.checkpoint`, which reads the buffer's state (the buffer never imports it).
+    _checkpoint_io: tuple[Callable[[Any, Any], None], Callable[[Any, Any], None]] | None = None
 
     # ------------------------------------------------------------------ components
     @property
@@ -641,13 +643,13 @@ class ReplayBuffer:
     def dumps(self, path: Any) -> None:
         """Writes a pickle-free, crash-safe checkpoint of the whole buffer to directory ``path``."""
         with self._lock:
-            dump_buffer(self, path)
+            self._checkpoint_io[0](self, path)
 
     def loads(self, path: Any) -> None:
         """Restores the buffer from a checkpoint directory written by :meth:`dumps`; validated first."""
         with self._lock:
             self._invalidate_prefetch()
-            load_buffer(self, path)
+            self._checkpoint_io[1](self, path)
 
     # ------------------------------------------------------------------ pickling (multiprocessing)
     def __getstate__(self) -> dict[str, Any]:
