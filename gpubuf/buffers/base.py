@@ -7,9 +7,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, NamedTuple
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
 from gpubuf.buffers._prefetch import Prefetcher
+from gpubuf import staging
 from gpubuf.buffers._transforms import TransformChain
 from gpubuf.errors import BatchSizeError, DeviceMismatchError
 from gpubuf.samplers.base import Sampler
@@ -17,11 +18,8 @@ from gpubuf.samplers.random import RandomSampler, _check_batch_size
 from gpubuf.storages._layout import expand_as_batch, is_tensor_collection
 from gpubuf.storages.base import Storage
 from gpubuf.storages.list import ListStorage
-from gpubuf.storages.tensor import TensorStorage, _is_int
+from gpubuf.storages.items import is_int
 from gpubuf.writers import RoundRobinWriter, Writer
-
-# The cross-device machinery is imported lazily (``_route``): a buffer whose batches stay where
-# its rows are never needs it.
 
 
 def _stack_anything(items: list) -> Any:
@@ -163,7 +161,6 @@ class ReplayBuffer:
         self._lock = threading.RLock()
         self._batch_device = _as_batch_device(batch_device)
         self._route_cache: _Route | None = None
-        self._host_read: _HostRead | None = None
         self._side_streams: dict = {}
         self._prefetch_cap = int(prefetch or 0)
         self._prefetch_executor = ThreadPoolExecutor(max_workers=self._prefetch_cap) if self._prefetch_cap else None
@@ -171,6 +168,9 @@ class ReplayBuffer:
         self.set_rng(generator)
 
     _default_writer = RoundRobinWriter
+    #: ``(dump(buffer, path), load(buffer, path))``: installed by the package from
+    #: :mod:`gpubuf.checkpoint`, which reads the buffer's state (the buffer never imports it).
+    _checkpoint_io: tuple[Callable[[Any, Any], None], Callable[[Any, Any], None]] | None = None
 
     # ------------------------------------------------------------------ components
     @property
@@ -309,46 +309,39 @@ class ReplayBuffer:
     # ------------------------------------------------------------------ reading
     # A sample is a *draw* (the sampler's indices, under the lock, in the caller's thread) and a
     # *read* (gather, cross-device copy, transforms), which prefetch runs ahead in workers.
-    def _read(self, index: Any, fill: dict | None = None, extra: dict | None = None) -> Any:
-        """Reads the items at a sampler's ``index``; the gather runs as one op over every leaf.
+    def _read(self, index: Any, fill: tuple[int, torch.Tensor] | None = None, extra: dict | None = None) -> Any:
+        """Reads the items at a sampler's ``index``: gather, build, collate, onto the batch device.
 
-        ``fill`` maps a layout key to a tensor that replaces that leaf instead of gathering it.
-        ``extra`` maps keys to tensors of one entry per item (the sampler's info) that a
-        TensorDict batch gets as entries. The batch lands on the buffer's batch device (see
-        ``batch_device``); a CUDA batch made on a side stream is only valid there until
-        :meth:`_hand_out`.
+        ``fill`` is ``(position, tensor)``: the tensor replaces the leaf at that position of the
+        storage's layout instead of gathering it. ``extra`` maps keys to tensors of one entry per
+        item (the sampler's info) that a TensorDict batch gets as entries. The batch lands on
+        the buffer's batch device (see ``batch_device``); a CUDA batch made on a side stream is
+        only valid there until :meth:`_hand_out`.
         """
         storage = self._storage
-        gather = getattr(storage, "_gather", None)
-        if gather is None or not isinstance(index, (torch.Tensor, tuple)):
-            data = self._collate_fn(storage.get(index))
-            if self._batch_device is not None and hasattr(data, "to"):
-                data = data.to(self._batch_device)
-            return _attach(data, extra)
-        flat = storage._flat_index(index)
-        skip = value = None
-        if fill:
-            (key, value), = fill.items()
-            skip = storage.layout.index_of(key)
-        transfer = self._route(storage).transfer
-        if transfer is not None:
-            sources: list = list(storage._flat_leaves)
+        rows = storage._flat_index(index)
+        lead = [rows.shape[0]] if isinstance(rows, torch.Tensor) else []
+        skip, value = fill if fill is not None else (None, None)
+        route = self._route()
+        if route.transfer is None:
+            leaves = storage._gather(rows, skip)
+            if skip is not None:
+                leaves[skip] = value
+            data = self._collate_fn(storage._build(leaves, lead))
+            if route.target is not None and route.source is None:
+                # A storage that gathers for itself, asked for batches elsewhere.
+                data = _move(data, route.target)
+        else:
+            # Rows on one device, batches on another: staged (see gpubuf.staging). A sampler may
+            # hand out indices on the batch's device: the gather reads them where the rows are.
+            sources: list = list(route.sources)
             fills = {}
             if skip is not None:
                 sources[skip] = None
-                fills[skip] = value.to(transfer.source)
-            # A sampler may hand out indices on the batch's device (a CUDA priority tree over a
-            # host storage): the gather reads them where the rows are.
-            leaves = transfer.gather(sources, flat.to(transfer.source), fills)
-            return _attach(_build_on(storage, leaves, [flat.shape[0]], transfer.target), extra)
-        leaves = gather(flat, skip)
-        if skip is not None:
-            leaves[skip] = value
-        if extra and type(storage)._build is TensorStorage._build and storage._layout.kind == "tensordict":
-            # Built with the entries in one construction: a validated set per entry afterwards
-            # costs as much as the construction itself.
-            return storage._build(leaves, [flat.shape[0]], extra=extra)
-        return _attach(storage._build(leaves, [flat.shape[0]]), extra)
+                fills[skip] = value.to(route.transfer.source)
+            leaves = route.transfer.gather(sources, rows.to(route.transfer.source), fills)
+            data = self._collate_fn(storage._build(leaves, lead, device=route.target))
+        return _attach(data, extra) if extra else data
 
     def _draw(self, batch_size: int) -> tuple[Any, dict]:
         """The sampler's indices and info for one batch. Called with the lock held."""
@@ -364,101 +357,37 @@ class ReplayBuffer:
         """Transforms and pins a read batch."""
         if len(self._transform):
             data = self._apply_transform(data)
-        if self._pin_memory and torch.cuda.is_available() and hasattr(data, "pin_memory"):
-            device = getattr(data, "device", None)
+        if self._pin_memory and torch.cuda.is_available() and _holds_tensors(data):
+            device = data.device
             if device is None or torch.device(device).type == "cpu":
                 data = data.pin_memory()  # a no-op for rows gathered into pinned memory already
         return data
 
-    def _host_read_plan(self) -> "_HostRead | None":
-        """The settled read of a host sample when it applies now, else None (the general read).
-
-        It applies to a :class:`TensorStorage` of TensorDicts (``ndim == 1``, items without
-        batch dims) read on the host, with no transform, no pinning and this class's own read
-        steps. Those steps then reduce to the storage's gather and build; each layer of the
-        general read costs about 10 us, as much as a small gather. Settled once per storage,
-        leaves and batch device; transforms are checked on every call (they can be appended).
-        """
-        storage = self._storage
-        plan = self._host_read
-        if (
-            plan is None
-            or plan.storage is not storage
-            or plan.leaves is not getattr(storage, "_flat_leaves", None)
-            or plan.batch_device is not self._batch_device
-            or plan.pin_memory != self._pin_memory
-        ):
-            plan = self._host_read = self._settle_host_read()
-        if not plan.direct or len(self._transform):
-            return None
-        return plan
-
-    def _settle_host_read(self) -> "_HostRead":
-        storage = self._storage
-        leaves = getattr(storage, "_flat_leaves", None)
-        with_info = _SETTLED_READ_DRAWN.get(type(self)._read_drawn)
-        direct = bool(
-            leaves
-            and with_info is not None
-            and type(self)._read is ReplayBuffer._read
-            and type(self)._draw is ReplayBuffer._draw
-            and type(self)._finish is ReplayBuffer._finish
-            and isinstance(storage, TensorStorage)
-            and type(storage)._gather is TensorStorage._gather
-            and type(storage)._build is TensorStorage._build
-            and type(storage)._flat_index is TensorStorage._flat_index
-            and storage.ndim == 1
-            and storage.layout is not None
-            and storage.layout.kind == "tensordict"
-            and not storage.layout.item_batch
-            and not (self._pin_memory and torch.cuda.is_available())
-        )
-        skip = None
-        if direct:
-            route = self._route(storage)
-            direct = route.transfer is None and route.source is not None and route.source.type == "cpu"
-            skip = storage.layout.index_of(_INDEX_KEY) if with_info else None
-        return _HostRead(storage, leaves, self._batch_device, self._pin_memory, direct, bool(with_info), skip)
-
-    def _read_planned(self, plan: "_HostRead", index: torch.Tensor, info: dict) -> Any:
-        """:meth:`_read_drawn` then :meth:`_finish` of a draw, for a plan of :meth:`_host_read_plan`."""
-        storage = plan.storage
-        leaves = storage._gather(index, plan.skip)
-        if not plan.with_info:
-            return storage._build(leaves, [index.shape[0]])
-        if plan.skip is not None:
-            leaves[plan.skip] = index  # the stored "index" column holds the drawn index
-        return storage._build(leaves, [index.shape[0]], extra=_info_entries(info, plan.skip is not None))
-
-    def _route(self, storage: Storage | None = None) -> "_Route":
-        """How batches of ``storage`` (default: the buffer's) travel from its rows to the caller.
+    def _route(self) -> "_Route":
+        """How batches of the buffer's storage travel from its rows to the caller.
 
         Cached per storage and rows' device: recomputed only when the storage is replaced or
         first allocated.
         """
-        storage = self._storage if storage is None else storage
-        leaves = getattr(storage, "_flat_leaves", None)
-        if not leaves:
-            return _NO_ROUTE
-        source = leaves[0].device
+        storage = self._storage
+        sources = storage._row_sources
+        source = sources[0].device if sources else None
         route = self._route_cache
-        if route is not None and route.storage is storage and route.source == source:
+        if route is not None and route.storage is storage and route.sources is sources:
             return route
         target = self._batch_device
-        if target is None:
-            device = getattr(storage, "device", None)
+        if target is None and source is not None:
+            device = storage.device
             target = device if isinstance(device, torch.device) else source
-        if _same_device(source, target):
-            target = source
-        from gpubuf.staging import CrossDeviceGather, default_slots, transfer_kind
-
+        transfer = None
+        if source is not None:
+            if _same_device(source, target):
+                target = source
+            if staging.transfer_kind(source, target, self._pin_memory) is not None:
+                slots = staging.default_slots(self._prefetch_cap)
+                transfer = staging.CrossDeviceGather(source, target, slots=slots, pin=self._pin_memory)
         with self._lock:
-            transfer = None
-            if transfer_kind(source, target, self._pin_memory) is not None:
-                transfer = CrossDeviceGather(
-                    source, target, slots=default_slots(self._prefetch_cap), pin=self._pin_memory
-                )
-            route = self._route_cache = _Route(storage, source, target, transfer)
+            route = self._route_cache = _Route(storage, sources, source, target, transfer)
         return route
 
     def _side_stream(self, route: "_Route", prefetching: bool) -> Any:
@@ -477,12 +406,10 @@ class ReplayBuffer:
             return None
         side = self._side_streams.get(device)
         if side is None:
-            from gpubuf.staging import SideStream
-
             with self._lock:
                 side = self._side_streams.get(device)
                 if side is None:
-                    side = self._side_streams[device] = SideStream(device)
+                    side = self._side_streams[device] = staging.SideStream(device)
         return side
 
     def _mark_ready(self, prefetching: bool = False, route: "_Route | None" = None) -> Any:
@@ -505,14 +432,14 @@ class ReplayBuffer:
         ready: Any,
         *,
         prefetching: bool = False,
-        release: Callable[[], None] | None = None,
+        lock: Any = None,
         route: "_Route | None" = None,
     ) -> tuple[Any, Any]:
         """Reads and finishes a drawn batch; returns ``(data, done)``.
 
         ``done`` is the CUDA event the consumer's stream must wait for (:meth:`_hand_out`), or
-        None when the batch is ready as returned. ``release``, when given, is called right after
-        the read (the caller held the lock for the draw and the read, not for the transforms).
+        None when the batch is ready as returned. ``lock``, when given, is held by the caller
+        and released right after the read (it covers the draw and the read, not the transforms).
         """
         route = self._route() if route is None else route
         side = self._side_stream(route, prefetching)
@@ -520,8 +447,8 @@ class ReplayBuffer:
             try:
                 data = self._read_drawn(index, info, batch_size)
             finally:
-                if release is not None:
-                    release()
+                if lock is not None:
+                    lock.release()
             return self._finish(data), None
         with side.run(ready):
             try:
@@ -532,8 +459,8 @@ class ReplayBuffer:
                         tensor.record_stream(side.stream)
                 data = self._read_drawn(index, info, batch_size)
             finally:
-                if release is not None:
-                    release()
+                if lock is not None:
+                    lock.release()
             data = self._finish(data)
             # A host batch is complete once read (the copy was waited for); a CUDA batch is
             # complete for the consumer once its stream has waited for this event.
@@ -544,45 +471,21 @@ class ReplayBuffer:
         """Makes a batch read on a side stream usable on the caller's current stream."""
         if done is None:
             return data
-        from gpubuf.staging import hand_out
-
-        return hand_out(data, done, self._route().target)
+        return staging.hand_out(data, done, self._route().target)
 
     def _sample(self, batch_size: int) -> tuple[Any, dict]:
-        with self._lock:
-            plan = self._host_read_plan()
-            if plan is not None:
-                # The common host sample: the draw, then the storage's own gather and build
-                # (for indices as a sampler of the host gives them; others read the general way).
-                index, info = self._draw(batch_size)
-                if type(index) is torch.Tensor and index.device.type == "cpu" and index.ndim == 1:
-                    return self._read_planned(plan, index, info), info
-                return self._finish(self._read_drawn(index, info, batch_size)), info
-        route = self._route()
-        if route.transfer is None and (route.source is None or route.source.type == "cpu"):
-            # Rows and batch on the host: no stream to order, so draw and read under the lock
-            # and skip the side-stream machinery (it costs more than a small gather).
-            with self._lock:
-                index, info = self._draw(batch_size)
-                data = self._read_drawn(index, info, batch_size)
-            return self._finish(data), info
-        # The lock covers the draw and the read (no write lands between them), not the transforms.
+        """Draws and reads one batch: the one read path (prefetch runs the same steps ahead)."""
         lock = self._lock
         lock.acquire()
-        held = [True]
-
-        def release() -> None:
-            if held[0]:
-                held[0] = False
-                lock.release()
-
         try:
             index, info = self._draw(batch_size)
             route = self._route()
             ready = self._mark_ready(route=route)
-            data, done = self._produce(index, info, batch_size, ready, release=release, route=route)
-        finally:
-            release()
+        except BaseException:
+            lock.release()
+            raise
+        # _produce releases the lock once the batch is read.
+        data, done = self._produce(index, info, batch_size, ready, lock=lock, route=route)
         return self._hand_out(data, done), info
 
     def _apply_transform(self, data: Any) -> Any:
@@ -623,7 +526,7 @@ class ReplayBuffer:
         else:
             data, info = self._sample_prefetched(batch_size)
         if return_info:
-            device = getattr(self._storage, "device", None)
+            device = self._storage.device
             if isinstance(device, torch.device):
                 info = {k: _to(v, device) for k, v in info.items()}
             return data, info
@@ -635,26 +538,20 @@ class ReplayBuffer:
     # The prefetcher's hooks: the state a draw changes, and undoing it.
     def _draw_state(self) -> tuple:
         sampler, rng = self._sampler, self._rng
-        custom = getattr(sampler, "_prefetch_state", None)
-        sampler_state = custom() if custom is not None else dict(vars(sampler))
+        sampler_state = sampler._prefetch_state()
         return sampler, sampler_state, rng, None if rng is None else rng.get_state()
 
     def _restore_draw_state(self, state: tuple) -> None:
         sampler, sampler_state, rng, rng_state = state
         if sampler is not self._sampler:
             return  # the sampler was replaced since: nothing of the old one to undo
-        custom = getattr(sampler, "_prefetch_restore", None)
-        if custom is not None:
-            custom(sampler_state)
-        else:
-            vars(sampler).clear()
-            vars(sampler).update(sampler_state)
+        sampler._prefetch_restore(sampler_state)
         if rng is not None and rng is self._rng:
             rng.set_state(rng_state)
 
     def _invalidate_prefetch(self) -> None:
         """Drops prefetched batches drawn before a write (and undoes their draws); call before writing."""
-        prefetcher = getattr(self, "_prefetcher", None)
+        prefetcher = self._prefetcher
         if prefetcher is not None:
             with self._lock:
                 prefetcher.invalidate(self)
@@ -680,7 +577,7 @@ class ReplayBuffer:
                 # As in TorchRL: the index runs along the dim the data was extended along, and the
                 # result comes back in the layout it was given in (an int drops that dim).
                 data = self._storage.get((slice(None),) * self._dim_extend + (index,))
-                if not _is_int(index):
+                if not is_int(index):
                     data = self._transpose(data)
             else:
                 data = self._storage.get(index)
@@ -692,9 +589,7 @@ class ReplayBuffer:
 
     def __setitem__(self, index: Any, value: Any) -> None:
         # A writer may refuse writes that bypass it (ImmutableDatasetWriter).
-        check_writable = getattr(self._writer, "_check_writable", None)
-        if check_writable is not None:
-            check_writable()
+        self._writer._check_writable()
         if len(self._transform):
             value = self._transform.inv(value)
         with self._lock:
@@ -747,18 +642,14 @@ class ReplayBuffer:
 
     def dumps(self, path: Any) -> None:
         """Writes a pickle-free, crash-safe checkpoint of the whole buffer to directory ``path``."""
-        from gpubuf.checkpoint import dump_buffer
-
         with self._lock:
-            dump_buffer(self, path)
+            self._checkpoint_io[0](self, path)
 
     def loads(self, path: Any) -> None:
         """Restores the buffer from a checkpoint directory written by :meth:`dumps`; validated first."""
-        from gpubuf.checkpoint import load_buffer
-
         with self._lock:
             self._invalidate_prefetch()
-            load_buffer(self, path)
+            self._checkpoint_io[1](self, path)
 
     # ------------------------------------------------------------------ pickling (multiprocessing)
     def __getstate__(self) -> dict[str, Any]:
@@ -816,40 +707,20 @@ def _to(value: Any, device: torch.device) -> Any:
 
 
 class _Route(NamedTuple):
-    """How batches of one storage travel: rows on ``source``, batches to ``target``, through
-    ``transfer`` (a :class:`~gpubuf.staging.CrossDeviceGather`) when those differ or batches are
-    pinned, else None."""
+    """How batches of one storage travel: rows of ``sources`` on ``source``, batches to ``target``,
+    through ``transfer`` (a :class:`~gpubuf.staging.CrossDeviceGather`) when those differ or
+    batches are pinned, else None. ``source`` is None for a storage that gathers for itself;
+    ``target`` is then the ``batch_device``, when one was given."""
 
     storage: Any
+    sources: Any
     source: torch.device | None
     target: torch.device | None
     transfer: Any
 
 
-_NO_ROUTE = _Route(None, None, None, None)
-
-
 #: The key under which a TensorDict batch carries the drawn indices.
 _INDEX_KEY = ("index",)
-
-
-class _HostRead(NamedTuple):
-    """A settled host read (see :meth:`ReplayBuffer._host_read_plan`)."""
-
-    storage: Any
-    leaves: Any  # the storage's leaves list it was settled for
-    batch_device: Any
-    pin_memory: Any
-    direct: bool  # whether the read reduces to the storage's gather and build
-    with_info: bool  # whether the batch carries the draw's info entries
-    skip: int | None  # the stored "index" column the drawn indices replace
-
-
-#: ``_read_drawn`` implementations whose read a settled host read reproduces, and whether each
-#: adds the draw's info to the batch. A subclass that overrides ``_read_drawn`` is not listed,
-#: so it keeps the general read. (TensorDictReplayBuffer registers its own.)
-_SETTLED_READ_DRAWN: dict = {}
-
 
 def _info_entries(info: dict, index_filled: bool) -> dict:
     """The entries a TensorDict batch gets from a draw's ``info``: every tensor (per-dim index
@@ -878,9 +749,6 @@ def _as_batch_device(device: Any) -> torch.device | None:
     return device
 
 
-_SETTLED_READ_DRAWN[ReplayBuffer._read_drawn] = False
-
-
 def _same_device(a: torch.device, b: torch.device) -> bool:
     # "cuda" without an ordinal means the current device, as tensors report it.
     if a.type != b.type:
@@ -894,15 +762,25 @@ def _same_device(a: torch.device, b: torch.device) -> bool:
 def _attach(data: Any, extra: dict | None) -> Any:
     """Sets ``extra``'s entries on a TensorDict batch, on its device and batch size; other batches pass."""
     if extra and isinstance(data, TensorDictBase):
+        device = data.device
+        batch_size = data.batch_size
+        # The entries are made to fit here (one per item, broadcast, on the batch's device), so a
+        # plain TensorDict takes them unvalidated: a validated set costs as much as building the batch.
+        plain = type(data) is TensorDict
         for key, value in extra.items():
-            data.set(key, expand_as_batch(value.to(data.device) if data.device else value, data.batch_size))
+            value = expand_as_batch(value if device is None or value.device == device else value.to(device), batch_size)
+            if plain:
+                data._set_str(key, value, inplace=False, validated=True)
+            else:
+                data.set(key, value)
     return data
 
 
-def _build_on(storage: Any, leaves: list, lead: list, device: torch.device) -> Any:
-    """``storage._build`` for leaves gathered onto ``device`` (a TensorDict records that device)."""
-    layout = storage.layout
-    if layout.kind in ("tensordict", "tensorclass"):
-        item_batch = layout.item_batch[storage.ndim - 1 :]
-        return layout.build(leaves, torch.Size([*lead, *item_batch]), device)
-    return layout.build(leaves, torch.Size(lead), device)
+def _holds_tensors(data: Any) -> bool:
+    """Whether a batch is a tensor, TensorDict or tensorclass (not a list of arbitrary objects)."""
+    return isinstance(data, (torch.Tensor, TensorDictBase)) or is_tensorclass(data)
+
+
+def _move(data: Any, device: torch.device) -> Any:
+    """A batch of tensors on ``device``; other batches (lists of objects) as they are."""
+    return data.to(device) if _holds_tensors(data) else data

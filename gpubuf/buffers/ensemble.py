@@ -9,19 +9,17 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from gpubuf._ensemble import member_positions
-from gpubuf.buffers.base import ReplayBuffer, _stack_anything
+from gpubuf.buffers.base import ReplayBuffer, _identity, _stack_anything
 from gpubuf.samplers.ensemble import SamplerEnsemble
 from gpubuf.storages.ensemble import StorageEnsemble
 from gpubuf.storages.list import ListStorage
 from gpubuf.writers.ensemble import WriterEnsemble
-from gpubuf.writers.immutable import ImmutableStorageError
+from gpubuf.errors import ImmutableStorageError
 
 __all__ = ["ReplayBufferEnsemble"]
 
 
 def _default_collate(storage: Any) -> Callable:
-    from gpubuf.buffers.base import _identity
-
     return _stack_anything if isinstance(storage, ListStorage) else _identity
 
 

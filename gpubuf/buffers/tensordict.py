@@ -7,11 +7,10 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
-from gpubuf.buffers.base import _INDEX_KEY, _SETTLED_READ_DRAWN, ReplayBuffer, _info_entries
+from gpubuf.buffers.base import _INDEX_KEY, ReplayBuffer, _info_entries
 from gpubuf.storages._layout import expand_as_batch
 from gpubuf.errors import UnsupportedDataError
 from gpubuf.samplers.base import Sampler
-from gpubuf.storages.tensor import TensorStorage
 from gpubuf.writers import TensorDictRoundRobinWriter
 
 
@@ -118,10 +117,11 @@ class TensorDictReplayBuffer(ReplayBuffer):
     def _read_drawn(self, index: Any, info: dict, batch_size: int) -> Any:
         # The draw, transforms and pinning are ReplayBuffer's; this adds the info entries.
         fill = None
-        layout = getattr(self._storage, "layout", None)
-        if isinstance(self._storage, TensorStorage) and layout is not None and layout.index_of(_INDEX_KEY) is not None:
+        layout = self._storage.layout
+        position = None if layout is None else layout.index_of(_INDEX_KEY)
+        if position is not None:
             # The stored "index" column is overwritten by the sampler's index below: skip its gather.
-            fill = {_INDEX_KEY: self._index_value(index, layout, batch_size)}
+            fill = (position, self._index_value(index, layout, batch_size))
         return self._read(index, fill, _info_entries(info, fill is not None))
 
     def _index_value(self, index: Any, layout: Any, batch_size: int) -> torch.Tensor:
@@ -143,6 +143,3 @@ class TensorDictReplayBuffer(ReplayBuffer):
         if not isinstance(data, TensorDictBase) and not is_tensorclass(data):
             raise UnsupportedDataError("TensorDictReplayBuffer can only sample TensorDict data")
         return result
-
-
-_SETTLED_READ_DRAWN[TensorDictReplayBuffer._read_drawn] = True  # its batches carry the draw's info

@@ -19,7 +19,7 @@ from gpubuf.codec.errors import CorruptRowError
 from gpubuf.codec.format import MODE_RAW, MODE_REF, MODE_RUNS, MODE_UP, RESIDUAL_BIT, RUN_BLOCK, RowGeometry
 from gpubuf.errors import DeviceMismatchError, IndexOutOfRangeError
 from gpubuf.ops._dispatch import kernel_module, resolve_backend
-from gpubuf.ops.host_memory import empty_host
+from gpubuf.host_memory import empty_host
 
 __all__ = ["decode_rows", "decode_rows_ref", "RowTable", "empty_output"]
 
@@ -73,7 +73,7 @@ class RowTable:
 def empty_output(n: int, geometry: RowGeometry, device: torch.device) -> torch.Tensor:
     """A new ``[n, *shape]`` tensor of the geometry's dtype for decoded rows.
 
-    On the CPU its memory comes from :func:`~gpubuf.ops.host_memory.empty_host`: page faults on
+    On the CPU its memory comes from :func:`~gpubuf.host_memory.empty_host`: page faults on
     a fresh output would cost more than decoding it. The result is an ordinary torch tensor
     owning its memory.
     """

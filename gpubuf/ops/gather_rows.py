@@ -14,8 +14,8 @@ import torch
 
 from gpubuf.errors import SchemaMismatchError
 from gpubuf.ops import _checks
-from gpubuf.ops._dispatch import kernel_module, numba_enabled, resolve_backend
-from gpubuf.ops.host_memory import LARGE_OUTPUT_BYTES, empty_host
+from gpubuf.ops._dispatch import _triton_importable, kernel_module, numba_enabled, resolve_backend
+from gpubuf.host_memory import LARGE_OUTPUT_BYTES, empty_host
 
 __all__ = ["gather_rows", "gather_rows_ref"]
 
@@ -104,9 +104,7 @@ def gather_rows(
     return gather_rows_ref(sources, index, outs)
 
 
-def gather_rows_trusted(
-    sources: Sequence[torch.Tensor], index: torch.Tensor, targets: np.ndarray | None = None
-) -> list[torch.Tensor]:
+def gather_rows_trusted(sources: Sequence[torch.Tensor], index: torch.Tensor) -> list[torch.Tensor]:
     """The sample path's entry: no argument checks, dispatch by device only.
 
     For callers that built ``sources`` and ``index`` themselves and guarantee the contract of
@@ -115,66 +113,43 @@ def gather_rows_trusted(
 
     Args:
         sources, index: as in :func:`gather_rows_ref`.
-        targets: the sources' :func:`row_targets`, kept by the caller between calls. Given, a
-            CPU gather of :data:`PREFETCH_MIN_ROWS` rows or more prefetches its rows first
-            (:func:`prefetch_rows`). Only a hint: stale targets cost time, never a wrong row.
     """
     if not index.is_cuda:
         b = index.shape[0]
         if b >= ORDERED_GATHER_MIN_ROWS and _ordered_gather_applies(sources, index):
             return _gather_ordered(sources, index, None)
-        # (numba_enabled again: GPUBUF_NUMBA=0 set after the targets were kept still stops it.)
-        if targets is not None and b >= PREFETCH_MIN_ROWS and numba_enabled():
-            prefetch_rows(targets, index)
-        # (Contiguous rows: ``stride(0)`` elements each. Cheaper than forming the shape.)
+        # Contiguous rows: ``stride(0)`` elements each (cheaper than forming the shape).
+        widths = [src.stride(0) * src.element_size() for src in sources]
+        if b >= PREFETCH_MIN_ROWS and numba_enabled():
+            _prefetch_rows(sources, widths, index)
         return [
-            torch.index_select(src, 0, index)
-            if b * src.stride(0) * src.element_size() < LARGE_OUTPUT_BYTES
-            else _index_select_host(src, index)
-            for src in sources
+            torch.index_select(src, 0, index) if b * width < LARGE_OUTPUT_BYTES else _index_select_host(src, index)
+            for src, width in zip(sources, widths)
         ]
-    if _triton_ok():
+    if _triton_importable():
         return kernel_module("gather").gather_rows_triton(list(sources), index, None)
     return [torch.index_select(src, 0, index) for src in sources]
 
 
-#: From this many rows on, a host gather given its sources' :func:`row_targets` prefetches the
-#: rows before copying them (:func:`prefetch_rows`). Below it the call costs about what it saves
-#: (measured as in :func:`prefetch_rows`: 1.00 to 1.02 times the time at 64 rows, 1.02 to 1.05
-#: at 16).
+#: From this many rows on, a CPU gather with the compiled kernels prefetches its rows before
+#: ``index_select`` copies them (:func:`_prefetch_rows`). Below it the call costs about what it
+#: saves (1.00 to 1.02 times the time at 64 rows, 1.02 to 1.05 at 16).
 PREFETCH_MIN_ROWS = 128
 
 
-def row_targets(sources: Sequence[torch.Tensor]) -> np.ndarray | None:
-    """What :func:`prefetch_rows` needs of ``sources``: per source, row 0's address, the row
-    stride and the row's length, in bytes (int64 ``[len(sources), 3]``).
-
-    None where there is nothing to prefetch: the compiled kernels are off, or a source is not
-    a CPU tensor. The addresses are those of the tensors now; a caller keeps the result only as
-    long as it keeps the same tensors.
-    """
-    if not sources or not numba_enabled() or any(src.device.type != "cpu" or src.ndim == 0 for src in sources):
-        return None
-    return np.array(
-        [(src.data_ptr(), src.stride(0) * src.element_size(), math.prod(src.shape[1:]) * src.element_size()) for src in sources],
-        dtype=np.int64,
-    ).reshape(len(sources), 3)
-
-
-def prefetch_rows(targets: np.ndarray, index: torch.Tensor) -> None:
-    """Asks the processor to fetch rows ``index`` of every source of ``targets`` into its caches.
+def _prefetch_rows(sources: Sequence[torch.Tensor], widths: list[int], index: torch.Tensor) -> None:
+    """Asks the processor to fetch rows ``index`` of every source (``widths`` bytes each) into its caches.
 
     A sample of a few hundred rows from a large storage misses the cache on nearly every line;
     ``index_select`` overlaps only the few misses its reorder window reaches, where prefetches
-    issued first overlap many. Measured on 1M rows of 292 B over five fields, interleaved call
-    by call with the prefetch off: a uniform sample of 128 to 256 rows in 0.95 to 0.97 times the
-    time, of 1,024 rows in 0.87 to 0.96; a prioritized cycle of 256 in 0.97. Changes nothing; a
+    issued first overlap many. Measured on 1M rows of 277 B over five fields, side by side with
+    the gather without it (``benchmarks/side_by_side_host.py``'s rows): a uniform sample of 256
+    rows in 0.55 to 0.65 times the time on a loaded 2-core machine. Changes nothing; a
     prefetch never faults, whatever the address.
-
-    Args:
-        targets: :func:`row_targets` of the sources.
-        index: 1-D int64 CPU tensor of rows in range.
     """
+    # Per source: row 0's address, the row stride and the row's length, in bytes (contiguous
+    # rows: the stride). Taken on every call: nothing about the sources is kept between calls.
+    targets = np.array([(src.data_ptr(), width, width) for src, width in zip(sources, widths)], dtype=np.int64)
     kernel_module("cpu.prefetch").prefetch_rows(targets, index.numpy())
 
 
@@ -216,14 +191,8 @@ def _gather_ordered(
 
 
 def _index_select_host(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``index_select`` of CPU rows; a large result goes on huge pages (see :mod:`~gpubuf.ops.host_memory`)."""
+    """``index_select`` of CPU rows; a large result goes on huge pages (see :mod:`~gpubuf.host_memory`)."""
     shape = (index.shape[0], *src.shape[1:])
     if math.prod(shape) * src.dtype.itemsize < LARGE_OUTPUT_BYTES:
         return torch.index_select(src, 0, index)
     return torch.index_select(src, 0, index, out=empty_host(shape, src.dtype))
-
-
-def _triton_ok() -> bool:
-    from gpubuf.ops._dispatch import _triton_importable
-
-    return _triton_importable()

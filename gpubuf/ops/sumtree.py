@@ -61,7 +61,7 @@ import torch
 
 from gpubuf.errors import DeviceMismatchError, IndexOutOfRangeError, PriorityError
 from gpubuf.ops._dispatch import kernel_module, numba_enabled, resolve_backend
-from gpubuf.ops.host_memory import HUGE_PAGE_BYTES, empty_host
+from gpubuf.host_memory import HUGE_PAGE_BYTES, empty_host
 
 __all__ = [
     "SumTree",

@@ -54,6 +54,19 @@ class Sampler:
     def _empty(self) -> None:
         return None
 
+    def _prefetch_state(self) -> Any:
+        """What a draw changes, for a prefetching buffer to undo (:mod:`gpubuf.buffers._prefetch`).
+
+        The default is a shallow copy of the attributes, right for samplers that reassign them;
+        a sampler that mutates tensors in place during ``sample`` overrides both methods.
+        """
+        return dict(vars(self))
+
+    def _prefetch_restore(self, state: Any) -> None:
+        """Puts back what :meth:`_prefetch_state` returned."""
+        vars(self).clear()
+        vars(self).update(state)
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 

@@ -107,8 +107,8 @@ class SamplerWithoutReplacement(Sampler):
                 f"batch_size {batch_size} exceeds the {len_storage} stored items: with drop_last=True no batch "
                 "can be drawn without repeating items"
             )
-        device = getattr(storage, "_leaves", None)
-        device = device[0].device if device else None
+        sources = storage._row_sources
+        device = sources[0].device if sources else None
         if self._sample_list is None or self.len_storage != len_storage:
             self._new_epoch(len_storage, batch_size, device)
         self.len_storage = len_storage
@@ -120,7 +120,7 @@ class SamplerWithoutReplacement(Sampler):
             self._new_epoch(len_storage, batch_size, device)
         else:
             self._ran_out = False
-        if getattr(storage, "ndim", 1) > 1:
+        if storage.ndim > 1:
             index = _unravel(index, storage.shape)
         return index, {}
 

@@ -31,8 +31,8 @@ from typing import Any
 
 import torch
 
+from gpubuf.file_lock import FileLock
 from gpubuf.samplers.prioritized import PrioritizedSampler
-from gpubuf.storages._shared import FileLock
 
 __all__ = ["SharedPrioritizedSampler"]
 

@@ -18,7 +18,7 @@ from gpubuf.ops.encode_rows import EncodedBatch
 from gpubuf.codec.format import RowGeometry
 from gpubuf.ops.decode_rows import RowTable
 from gpubuf.ops.gather_packed import gather_packed_trusted
-from gpubuf.ops.host_memory import HUGE_PAGE_BYTES, empty_host_bytes
+from gpubuf.host_memory import HUGE_PAGE_BYTES, empty_host_bytes
 
 __all__ = ["RowStore"]
 

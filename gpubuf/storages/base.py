@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import operator
-from typing import Any, Callable
+import threading
+from typing import Any, Callable, Sequence
 
 import torch
 
 from gpubuf.errors import CapacityError
+from gpubuf.storages._layout import expand_as_batch
+from gpubuf.storages.items import batch_length
 
 
 def check_max_size(max_size: Any, what: str = "max_size") -> int:
@@ -20,10 +23,47 @@ def check_max_size(max_size: Any, what: str = "max_size") -> int:
     return value
 
 
+class WriteCursor:
+    """Where a writer writes next (a dim-0 row) and how many items it has written.
+
+    A writer keeps its own; a storage that several processes extend at once shares one between
+    all its writers (see :attr:`Storage._write_state`). ``lock`` serialises a reservation of
+    rows against other writers of the same cursor.
+    """
+
+    def __init__(self) -> None:
+        self.cursor = 0
+        self.write_count = 0
+        self.lock = threading.RLock()
+
+    def __getstate__(self) -> dict:
+        return {key: value for key, value in self.__dict__.items() if key != "lock"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.RLock()
+
+
 class Storage:
     """A container of items addressed by integer indices.
 
     Subclasses implement :meth:`set`, :meth:`get`, :meth:`__len__` and :meth:`_empty`.
+
+    Buffers and writers reach a storage through the protocol below; each of its operations has
+    a default built on :meth:`set` and :meth:`get`, which a storage of tensors overrides to
+    write and gather whole rows of every leaf at once:
+
+    - :attr:`layout`: the structure of the stored items, or None for storages of arbitrary items;
+    - :attr:`_write_state`: a write cursor shared by every writer of the storage, or None;
+    - :meth:`_append_rows`: reserve rows at a cursor and write a batch there (the writers' path);
+    - :meth:`_write_rows`: write a batch at given consecutive rows;
+    - :meth:`_flat_index`: a sampler's index as the rows :meth:`_gather` takes;
+    - :meth:`_gather`: the rows of every leaf, as one batch per leaf;
+    - :meth:`_build`: those batches wrapped into the container the items came in (:attr:`layout`'s).
+
+    :attr:`_row_sources` names the tensors a cross-device read copies rows of (see
+    :class:`~gpubuf.ReplayBuffer`'s ``batch_device``), or is None where the storage gathers
+    for itself.
 
     Args:
         max_size: the capacity, a positive int.
@@ -33,6 +73,10 @@ class Storage:
 
     ndim = 1
     device: torch.device | str | None = None
+    #: How checkpoints are written and read: ``(dump(storage, path), load(storage, path))``. The
+    #: package installs :mod:`gpubuf.checkpoint`'s (a storage exposes its state through
+    #: ``state_dict`` and its attributes, and never imports the checkpoint code).
+    _checkpoint_io: tuple[Callable[[Any, Any], None], Callable[[Any, Any], None]] | None = None
 
     def __init__(self, max_size: int, *, compilable: bool = False) -> None:
         self.max_size = check_max_size(max_size)
@@ -55,6 +99,115 @@ class Storage:
 
     def _empty(self) -> None:
         raise NotImplementedError
+
+    # ------------------------------------------------------------------ the protocol of buffers and writers
+    @property
+    def layout(self) -> Any:
+        """The structure of the stored items (a :class:`~gpubuf.storages._layout.Layout`), or None.
+
+        None (the default) for storages of arbitrary items, and before the first write.
+        """
+        return None
+
+    @property
+    def _write_state(self) -> WriteCursor | None:
+        """The write cursor that every writer of this storage shares, or None (the default).
+
+        With None each writer keeps its own :class:`WriteCursor`. A storage extended from
+        several processes at once returns the one cursor they share, so that no two writers
+        get the same rows.
+        """
+        return None
+
+    #: The tensors a cross-device read gathers rows from (one per leaf, rows along dim 0, all on
+    #: one device), or None: the storage's :meth:`_gather` reads its rows itself.
+    _row_sources: list[torch.Tensor] | None = None
+
+    def _append_rows(
+        self, cursor: WriteCursor, data: Any, *, single: bool = False, index_key: tuple | None = None
+    ) -> int:
+        """Writes ``data`` at ``cursor``, then moves the cursor past it and counts its items.
+
+        The writers' one path. Nothing changes (cursor, count, contents) when the data is
+        rejected.
+
+        Args:
+            cursor: the writer's cursor, or the storage's own :attr:`_write_state`.
+            data: a batch with a leading dim, or one item when ``single``.
+            single: ``data`` is one item (``add``).
+            index_key: a top-level key of a TensorDict ``data`` that receives each item's own
+                dim-0 index (``TensorDictRoundRobinWriter``'s ``"index"``); the data then holds
+                that entry after the write.
+
+        Returns:
+            The dim-0 row the data starts at; row ``i`` of a batch goes to
+            ``(start + i) % capacity_along_dim0``.
+        """
+        with cursor.lock:
+            start = cursor.cursor
+            if single:
+                n, cap0 = 1, self._max_size_along_dim0(single_data=data)
+                if index_key is not None:
+                    data.set(index_key, torch.full(data.batch_size, start, dtype=torch.long, device=data.device))
+                self.set(start, data)
+            else:
+                n, cap0 = batch_length(data), self._max_size_along_dim0(batched_data=data)
+                if index_key is not None:
+                    rows = torch.arange(start, start + n, device=data.device) % cap0
+                    data.set(index_key, expand_as_batch(rows, data.batch_size))
+                self._write_rows(start, data)
+            cursor.cursor = (start + n) % cap0
+            cursor.write_count += n
+        return start
+
+    def _write_rows(self, start: int, data: Any) -> int:
+        """Writes a batch at dim-0 rows ``start, start+1, ...``, wrapping round the capacity.
+
+        Does not move any write cursor. The default writes through :meth:`set`.
+
+        Returns:
+            The number of items (along dim 0) of the batch.
+        """
+        n = batch_length(data)
+        cap0 = self._max_size_along_dim0(batched_data=data)
+        self.set(torch.arange(start, start + n) % cap0, data)
+        return n
+
+    def _flat_index(self, index: Any) -> Any:
+        """A sampler's index as the rows :meth:`_gather` reads (the default: the index itself)."""
+        return index
+
+    def _gather(self, index: Any, skip: int | None = None) -> list:
+        """The items at ``index`` (a sampler's index after :meth:`_flat_index`), per leaf.
+
+        Args:
+            index: in range, as a sampler produces it.
+            skip: the position in :attr:`layout` of a leaf not to read (the caller fills it),
+                or None. Only given for storages with a layout.
+
+        Returns:
+            One batch per leaf of :attr:`layout` (None at ``skip``). The default, for storages
+            without a layout: a one-element list holding :meth:`get`'s result.
+        """
+        return [self.get(index)]
+
+    def _build(self, leaves: list, lead: Sequence[int], *, device: torch.device | None = None) -> Any:
+        """Wraps :meth:`_gather`'s batches into the stored container.
+
+        Args:
+            leaves: one batch per leaf of :attr:`layout`, led by ``lead``; for a storage without
+                a layout, the one batch :meth:`get` returned, which is returned as it is.
+            lead: the batch's leading dims.
+            device: where the leaves are, when a cross-device read put them elsewhere than the
+                storage's device; None for the storage's device.
+        """
+        layout = self.layout
+        if layout is None:
+            return leaves[0]
+        device = self.device if device is None else device
+        if layout.kind in ("tensordict", "tensorclass"):
+            return layout.build(leaves, torch.Size([*lead, *layout.item_batch]), device)
+        return layout.build(leaves, torch.Size(lead), device)
 
     # ------------------------------------------------------------------ shared behaviour
     def __getitem__(self, item: Any) -> Any:
@@ -99,15 +252,11 @@ class Storage:
 
     def dumps(self, path: Any) -> None:
         """Writes a pickle-free, crash-safe checkpoint of this storage to directory ``path``."""
-        from gpubuf.checkpoint import dump_storage
-
-        dump_storage(self, path)
+        self._checkpoint_io[0](self, path)
 
     def loads(self, path: Any) -> None:
         """Restores this storage from a checkpoint written by :meth:`dumps` (validated first)."""
-        from gpubuf.checkpoint import load_storage
-
-        load_storage(self, path)
+        self._checkpoint_io[1](self, path)
 
     def save(self, path: Any) -> None:
         """Alias of :meth:`dumps`."""

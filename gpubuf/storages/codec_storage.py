@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from gpubuf.ops.encode_rows import encode_planes
+from gpubuf.ops.encode_rows import EncodedBatch, encode_planes
 from gpubuf.codec.format import RowGeometry
 from gpubuf.storages._row_store import RowStore
 from gpubuf.errors import (
@@ -33,7 +33,7 @@ from gpubuf.errors import (
 from gpubuf.ops.decode_rows import decode_rows
 from gpubuf.storages._layout import Layout
 from gpubuf.storages.base import Storage, check_max_size
-from gpubuf.storages.tensor import _as_device, _is_int, _leading_size, _stack_items
+from gpubuf.storages.items import as_device, is_int, leading_size, stack_items
 
 __all__ = ["CompressedTensorStorage", "EncodedStorageBase"]
 
@@ -46,8 +46,6 @@ def _norm_key(key: Any) -> tuple:
 
 def encode_rows(rows: torch.Tensor, geometry: RowGeometry, **kwargs):
     """Encodes ``[n, *shape]`` rows in chunks of a few MiB; returns one :class:`EncodedBatch`."""
-    from gpubuf.ops.encode_rows import EncodedBatch
-
     n = rows.shape[0]
     chunk = max(1, _ENCODE_CHUNK_BYTES // max(geometry.raw_bytes, 1))
     if n <= chunk:
@@ -101,7 +99,7 @@ class EncodedStorageBase(Storage):
     def __init__(self, max_size: int, *, device: Any = "cpu", verify: bool = True, compilable: bool = False) -> None:
         super().__init__(check_max_size(max_size), compilable=compilable)
         self._auto_device = device in ("auto", None)
-        self.device = "auto" if self._auto_device else _as_device(device)
+        self.device = "auto" if self._auto_device else as_device(device)
         self.verify = bool(verify)
         self._layout: Layout | None = None
         self._plain: dict[int, torch.Tensor] = {}  # leaf position -> [max_size, *shape] tensor
@@ -205,8 +203,8 @@ class EncodedStorageBase(Storage):
     def _write_rows(self, start: int, data: Any) -> int:
         """Round-robin write of a batch from row ``start`` on (the writers' path); returns its length."""
         if isinstance(data, list):
-            data = _stack_items(data)
-        n = _leading_size(data)
+            data = stack_items(data)
+        n = leading_size(data)
         layout, leaves, needs_init = self._prepare(data, n)
         if needs_init:
             self._install(layout, leaves[0].device)
@@ -229,8 +227,8 @@ class EncodedStorageBase(Storage):
             IndexOutOfRangeError: a cursor outside ``[-max_size, max_size)``; nothing is written.
         """
         if isinstance(data, list):
-            data = _stack_items(data)
-        if _is_int(cursor):
+            data = stack_items(data)
+        if is_int(cursor):
             rows = torch.tensor([int(cursor)])
             n = None
         else:
@@ -280,12 +278,6 @@ class EncodedStorageBase(Storage):
             leaves[skip] = None
         return leaves
 
-    def _build(self, leaves: list, lead: Sequence[int], consumed: int | None = None) -> Any:
-        layout = self._layout
-        if layout.kind in ("tensordict", "tensorclass"):
-            return layout.build(leaves, torch.Size([*lead, *layout.item_batch]), self.device)
-        return layout.build(leaves, torch.Size(lead), self.device)
-
     def get(self, index: Any) -> Any:
         """Reads items: an int gives one item; a slice, sequence or 1-D tensor gives a batch.
 
@@ -298,7 +290,7 @@ class EncodedStorageBase(Storage):
         """
         self._check_readable()
         n = self._len
-        single = _is_int(index)
+        single = is_int(index)
         if single:
             rows = torch.tensor([int(index)])
         elif isinstance(index, slice):

@@ -31,7 +31,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from gpubuf.storages._layout import is_tensor_collection
 from gpubuf.storages.list import ListStorage
-from gpubuf.storages.tensor import _is_int
+from gpubuf.storages.items import is_int
 
 __all__ = ["CompressedListStorage"]
 
@@ -151,7 +151,7 @@ class CompressedListStorage(ListStorage):
             RuntimeError: an int cursor more than one item past the end, or past ``max_size``.
             TypeError: a sequence cursor with data that is not a sequence of items.
         """
-        if not _is_int(cursor):
+        if not is_int(cursor):
             if isinstance(cursor, (torch.Tensor, np.ndarray)) and cursor.ndim == 0:
                 return self.set(int(cursor), data, set_cursor=set_cursor)
             if isinstance(cursor, slice):
@@ -207,7 +207,7 @@ class CompressedListStorage(ListStorage):
 
     def get(self, index: Any) -> Any:
         """Returns one item for an int, a list of items otherwise (the buffer stacks them)."""
-        if _is_int(index):
+        if is_int(index):
             return self._get_item(int(index))
         if isinstance(index, slice):
             start, stop, step = index.indices(len(self._storage))

@@ -8,6 +8,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from gpubuf._ensemble import member_positions, rng_to_members
+from gpubuf.errors import ImmutableStorageError
 from gpubuf.storages.base import Storage
 
 __all__ = ["StorageEnsemble"]
@@ -47,13 +48,11 @@ class StorageEnsemble(Storage):
 
     # ------------------------------------------------------------------ writing is refused
     def _refuse(self, *args: Any, **kwargs: Any) -> None:
-        from gpubuf.writers.immutable import ImmutableStorageError
-
         raise ImmutableStorageError(
             "a StorageEnsemble takes no writes: write to one of its storages (ensemble[i]) or buffers"
         )
 
-    set = extend = add = _write_rows = _refuse
+    set = extend = add = _write_rows = _append_rows = _refuse
 
     # ------------------------------------------------------------------ reading
     def get(self, item: Any) -> list[tuple[int, Any]]:

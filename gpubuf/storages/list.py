@@ -9,7 +9,7 @@ import torch
 
 from gpubuf.errors import EmptyBufferError, IndexOutOfRangeError, UnsupportedDataError
 from gpubuf.storages.base import Storage, check_max_size
-from gpubuf.storages.tensor import _is_int
+from gpubuf.storages.items import is_int
 
 _UNBOUNDED = torch.iinfo(torch.int64).max
 
@@ -80,7 +80,7 @@ class ListStorage(Storage):
         Raises:
             IndexOutOfRangeError: a cursor beyond the next free slot or the capacity.
         """
-        if _is_int(cursor):
+        if is_int(cursor):
             cursor = int(cursor)
             if cursor > len(self._storage) or cursor >= self.max_size:
                 raise IndexOutOfRangeError(
@@ -112,7 +112,7 @@ class ListStorage(Storage):
         if not self._storage:
             raise EmptyBufferError("cannot read from an empty storage: write data to it first")
         n = len(self._storage)
-        if _is_int(index):
+        if is_int(index):
             index = int(index)
             if not -n <= index < n:
                 raise IndexOutOfRangeError(f"index {index} is out of range for a storage of length {n}")

@@ -47,7 +47,8 @@ from gpubuf.storages._shared import (
     LocalState,
     state_dir,
 )
-from gpubuf.storages.tensor import LazyTensorStorage, _is_int, _leading_size, _stack_items
+from gpubuf.storages.items import is_int, leading_size, stack_items
+from gpubuf.storages.tensor import LazyTensorStorage
 
 __all__ = [
     "LazyMemmapStorage",
@@ -256,7 +257,7 @@ class LazyMemmapStorage(LazyTensorStorage):
     def _layout_of(data: Any, leading: Sequence[int] | None) -> Layout | None:
         try:
             if isinstance(data, list) and leading:
-                data = _stack_items(data)
+                data = stack_items(data)
             return Layout.from_batch(data, leading=0 if leading is None else len(leading))
         except GpubufError:
             # Bad data: the base class's validation reports it after a plain attach.
@@ -540,23 +541,17 @@ class LazyMemmapStorage(LazyTensorStorage):
         return ranges
 
     # ------------------------------------------------------------------ writing
-    def _append_rows(self, data: Any, *, single: bool = False, index_key: tuple | None = None) -> int:
-        """Writes a batch at the shared write cursor: the round-robin writers' path.
+    def _append_rows(
+        self, cursor: Any, data: Any, *, single: bool = False, index_key: tuple | None = None
+    ) -> int:
+        """Writes a batch at ``cursor``, the shared write cursor (:attr:`_write_state`): the writers' path.
 
         Validates the batch (nothing changes if it is rejected), creates or maps the files on
-        the first write, reserves the rows by moving the shared cursor under the lock, copies
-        the rows outside the lock, then adds them to the length. Writers in other processes
-        reserve other rows meanwhile.
-
-        Args:
-            data: a batch with a leading dim (or one item when ``single``).
-            single: ``data`` is one item (``add``).
-            index_key: a leaf that receives each row's own dim-0 index instead of the data's
-                values (``TensorDictRoundRobinWriter``'s ``"index"`` entry).
-
-        Returns:
-            The dim-0 row the batch starts at; row ``i`` of the batch went to
-            ``(start + i) % capacity_along_dim0``.
+        the first write, reserves the rows by moving the cursor under the storage's lock,
+        copies the rows outside the lock, then adds them to the length. Writers in other
+        processes reserve other rows meanwhile. See :meth:`Storage._append_rows` for the
+        arguments; ``index_key``'s leaf is filled with each row's own dim-0 index here,
+        without touching ``data``.
 
         Raises:
             SchemaMismatchError, DTypeMismatchError, DeviceMismatchError, UnsupportedDataError:
@@ -564,18 +559,23 @@ class LazyMemmapStorage(LazyTensorStorage):
             DiskFullError: no disk space for the rows; nothing changed.
         """
         self._check_usable()
+        # The first write replaces the process-local state by the one in the files: a writer
+        # holding the storage's cursor then moves that one.
+        own = cursor is self._state
         if single:
             n, leading = 1, []
         else:
             if isinstance(data, list):
-                data = _stack_items(data)
-            n = _leading_size(data)
+                data = stack_items(data)
+            n = leading_size(data)
             leading = [n]
         layout, leaves, needs_init = self._prepare(data, leading)
         if single:
             leaves = [leaf.unsqueeze(0) for leaf in leaves]
         if needs_init:
             self._init_from(layout, leaves)
+        if own:
+            cursor = self._state
         cap0 = self._capacity_along_dim0
         skip = max(n - cap0, 0)
         count = n - skip
@@ -583,11 +583,11 @@ class LazyMemmapStorage(LazyTensorStorage):
         lock = state.lock
         lock.acquire()
         try:
-            start = state.cursor
+            start = cursor.cursor
             first = (start + skip) % cap0
             self._ensure_allocated(self._row_ranges(first, count))
-            state.cursor = (start + n) % cap0
-            state.write_count = state.write_count + n
+            cursor.cursor = (start + n) % cap0
+            cursor.write_count = cursor.write_count + n
             # While the storage fills, the copy stays under the lock: rows then become visible
             # in order, so every row below len(storage) holds data for a concurrent reader.
             # Once full, every row holds data already and writers copy side by side.
@@ -634,10 +634,10 @@ class LazyMemmapStorage(LazyTensorStorage):
     def _cursor_rows(self, cursor: Any, data: Any) -> torch.Tensor | None:
         """The dim-0 rows a ``set`` cursor touches (normalised, sorted, unique), or None when unknown."""
         try:
-            cap0 = self._max_size_along_dim0(batched_data=data) if not _is_int(cursor) else self._max_size_along_dim0(
+            cap0 = self._max_size_along_dim0(batched_data=data) if not is_int(cursor) else self._max_size_along_dim0(
                 single_data=data
             )
-            if _is_int(cursor):
+            if is_int(cursor):
                 rows = torch.tensor([int(cursor)])
             elif isinstance(cursor, slice):
                 rows = torch.arange(cap0)[cursor]
@@ -677,7 +677,7 @@ class LazyMemmapStorage(LazyTensorStorage):
         """
         self._check_usable()
         if isinstance(data, list):
-            data = _stack_items(data)
+            data = stack_items(data)
         # For a storage nobody else has opened yet, this is the private lock; the files and the
         # shared state are created inside the base class's set, before any other process can
         # know them.
@@ -703,17 +703,26 @@ class LazyMemmapStorage(LazyTensorStorage):
     def _out_device(self) -> torch.device:
         return self.device if isinstance(self.device, torch.device) else _CPU
 
-    def _gather(self, index: torch.Tensor, skip: int | None = None) -> Any:
+    @property
+    def _row_sources(self) -> list[torch.Tensor] | None:
+        self.initialized  # maps the files another process created
+        return self._flat_leaves
+
+    def _gather(self, index: torch.Tensor, skip: int | None = None) -> list:
         self.initialized
         if index.device.type != "cpu":
             index = index.cpu()
         return super()._gather(index, skip)
 
-    def _build(self, leaves: list, lead: Sequence[int], consumed: int | None = None) -> Any:
-        device = self._out_device
-        if device.type != "cpu":
-            leaves = [leaf if leaf is None or leaf.device == device else leaf.to(device) for leaf in leaves]
-        return super()._build(leaves, lead, consumed)
+    def _build(
+        self, leaves: list, lead: Sequence[int], *, device: torch.device | None = None, consumed: int | None = None
+    ) -> Any:
+        if device is None:
+            # Rows gathered from the files are on the host; batches go to the storage's device.
+            device = self._out_device
+            if device.type != "cpu":
+                leaves = [leaf if leaf is None or leaf.device == device else leaf.to(device) for leaf in leaves]
+        return super()._build(leaves, lead, device=device, consumed=consumed)
 
     def get(self, index: Any) -> Any:
         """Reads items; see :meth:`TensorStorage.get`. Results are on :attr:`device`."""
@@ -728,11 +737,7 @@ class LazyMemmapStorage(LazyTensorStorage):
         """The whole storage as one container of views on the mapped files (host memory)."""
         if not self.initialized:
             return None
-        layout = self._layout
-        lead = [self._capacity_along_dim0]
-        if layout.kind in ("tensordict", "tensorclass"):
-            return layout.build(list(self._leaves), torch.Size([*lead, *layout.item_batch]), _CPU)
-        return layout.build(list(self._leaves), torch.Size(lead), _CPU)
+        return self._build(list(self._leaves), [self._capacity_along_dim0], device=_CPU, consumed=0)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -751,7 +756,7 @@ class LazyMemmapStorage(LazyTensorStorage):
         if data is None:
             self._empty()
             return
-        n = _leading_size(data)
+        n = leading_size(data)
         if self.initialized:
             files.check_same_layout(Layout.from_batch(data, leading=1), self._description(), self.scratch_dir)
             if n != self._capacity_along_dim0:
@@ -797,7 +802,7 @@ class LazyMemmapStorage(LazyTensorStorage):
             )
         state = dict(self.__dict__)
         state["_was_initialized"] = self._leaves is not None
-        for name in ("_leaves", "_flat_leaves", "_files", "_prefetch_targets"):
+        for name in ("_leaves", "_flat_leaves", "_files"):
             state[name] = None
         state["_attached_entities"] = []
         state.pop("_pending_rows", None)

@@ -31,7 +31,7 @@ from gpubuf.errors import EmptyBufferError, IndexOutOfRangeError, SchemaMismatch
 from gpubuf.ops.gather_packed import gather_packed_trusted
 from gpubuf.storages._ragged import Columns, RaggedSchema, item_count, jagged_many
 from gpubuf.storages.base import Storage, check_max_size
-from gpubuf.storages.tensor import _is_int
+from gpubuf.storages.items import is_int
 
 __all__ = ["PackedStorage"]
 
@@ -161,7 +161,7 @@ class PackedStorage(Storage):
             SchemaMismatchError, DTypeMismatchError, UnsupportedDataError: data that does not fit.
             In every case nothing is written.
         """
-        if _is_int(cursor):
+        if is_int(cursor):
             self._write(torch.tensor([int(cursor)]), data, batched=False)
             return
         if isinstance(cursor, slice):
@@ -330,7 +330,7 @@ class PackedStorage(Storage):
             if len(index) != 1:
                 raise IndexOutOfRangeError("a packed storage is indexed along one dimension only")
             index = index[0]
-        if _is_int(index):
+        if is_int(index):
             index = int(index)
             if not -n <= index < n:
                 raise IndexOutOfRangeError(f"index {index} is out of range for a storage of length {n}")

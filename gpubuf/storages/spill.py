@@ -29,7 +29,7 @@ from gpubuf.storages._layout import Layout
 from gpubuf.storages._memmap_files import ram_available
 from gpubuf.storages.base import Storage, check_max_size
 from gpubuf.storages.memmap import LazyMemmapStorage
-from gpubuf.storages.tensor import _is_int, _leading_size, _stack_items
+from gpubuf.storages.items import is_int, leading_size, stack_items
 
 __all__ = ["SpillStorage"]
 
@@ -223,7 +223,7 @@ class SpillStorage(Storage):
     def _prepare(self, data: Any, leading: Sequence[int]) -> tuple[Layout, list[torch.Tensor], bool]:
         """Validates ``data``; returns ``(layout, leaves on the device, needs_init)``. Changes nothing."""
         if isinstance(data, list) and leading:
-            data = _stack_items(data)
+            data = stack_items(data)
         needs_init = self._layout is None
         layout = Layout.from_batch(data, leading=len(leading)) if needs_init else self._layout
         leaves = layout.split(data, leading=leading, device=None)
@@ -237,7 +237,7 @@ class SpillStorage(Storage):
                 fit; nothing is written.
             DiskFullError: no disk space for the memmap tier's rows; nothing is written.
         """
-        n = _leading_size(data)
+        n = leading_size(data)
         layout, leaves, needs_init = self._prepare(data, [n])
         if needs_init:
             self._init_from(layout)
@@ -262,7 +262,7 @@ class SpillStorage(Storage):
     def _cursor_rows(self, cursor: Any) -> tuple[torch.Tensor, list[int]]:
         """``(rows, leading)`` of a ``set`` cursor: rows normalised into ``[0, max_size)``."""
         cap = self.max_size
-        if _is_int(cursor):
+        if is_int(cursor):
             rows, lead = torch.tensor([int(cursor)]), []
         elif isinstance(cursor, slice):
             rows = torch.arange(cap)[cursor]
@@ -287,7 +287,7 @@ class SpillStorage(Storage):
             DiskFullError: no disk space for the memmap tier's rows; nothing is written.
         """
         if isinstance(data, list):
-            data = _stack_items(data)
+            data = stack_items(data)
         rows, lead = self._cursor_rows(cursor)
         layout, leaves, needs_init = self._prepare(data, lead)
         if needs_init:
@@ -349,19 +349,10 @@ class SpillStorage(Storage):
             gathered.insert(skip, None)
         return list(gathered)
 
-    def _build(self, leaves: list, lead: Sequence[int], consumed: int | None = None) -> Any:
-        layout = self._layout
-        if layout.kind in ("tensordict", "tensorclass"):
-            return layout.build(leaves, torch.Size([*lead, *layout.item_batch]), self.device)
-        return layout.build(leaves, torch.Size(lead), self.device)
-
-    def _flat_index(self, index: Any) -> torch.Tensor:
-        return index
-
     def _rows_of(self, index: Any) -> tuple[torch.Tensor, bool]:
         """``(rows, single)`` for a read index, negative values counting from the end of the written range."""
         n = self._len
-        if _is_int(index):
+        if is_int(index):
             rows, single = torch.tensor([int(index)]), True
         elif isinstance(index, slice):
             rows, single = torch.arange(n)[index], False
@@ -446,9 +437,9 @@ class SpillStorage(Storage):
         if data is None:
             self._len = 0
             return
-        if _leading_size(data) != self.max_size:
+        if leading_size(data) != self.max_size:
             raise IndexOutOfRangeError(
-                f"the state dict holds {_leading_size(data)} rows, this storage's capacity is {self.max_size}"
+                f"the state dict holds {leading_size(data)} rows, this storage's capacity is {self.max_size}"
             )
         length = int(state_dict["_len"])
         self._write_rows(0, data)

@@ -24,70 +24,27 @@ from gpubuf.errors import (
     SchemaMismatchError,
     UnsupportedDataError,
 )
-from gpubuf.ops.gather_rows import gather_rows_trusted, row_targets
-from gpubuf.ops.host_memory import HUGE_PAGE_BYTES, empty_host
-from gpubuf.storages._layout import Layout, expand_as_batch, is_tensor_collection
+from gpubuf.ops.gather_rows import gather_rows_trusted
+from gpubuf.host_memory import HUGE_PAGE_BYTES, empty_host, huge_pages_enabled
+from gpubuf.storages._layout import Layout
 from gpubuf.storages.base import Storage, check_max_size
+from gpubuf.storages.items import AUTO_DEVICE, as_device, is_int, leading_shape, leading_size, stack_items
 
-_AUTO = ("auto", None)
-
-
-def _as_device(device: Any) -> torch.device | None:
-    if device in _AUTO:
-        return None
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
-        # Make "cuda" comparable with tensors' devices, which always carry an ordinal.
-        device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def _stack_items(items: list) -> Any:
-    """A list of items given to ``extend`` becomes one batch (TorchRL: a list is a stack of items)."""
-    if not items:
-        raise SchemaMismatchError("cannot extend with an empty list")
-    first = items[0]
-    if isinstance(first, torch.Tensor) or is_tensor_collection(first):
-        try:
-            return torch.stack(items)
-        except (RuntimeError, TypeError, ValueError) as err:
-            raise SchemaMismatchError(f"the items of the list do not stack into one batch: {err}") from err
-    if isinstance(first, (tuple, dict)):
-        import torch.utils._pytree as pytree
-
-        flat = [pytree.tree_flatten(item) for item in items]
-        spec = flat[0][1]
-        if any(s != spec for _, s in flat):
-            raise SchemaMismatchError("the items of the list do not share one pytree structure")
-        try:
-            leaves = [torch.stack([f[0][i] for f in flat]) for i in range(len(flat[0][0]))]
-        except (RuntimeError, TypeError) as err:
-            raise SchemaMismatchError(f"the items of the list do not stack into one batch: {err}") from err
-        return pytree.tree_unflatten(leaves, spec)
-    raise UnsupportedDataError(
-        f"a tensor storage holds tensors, TensorDicts, tensorclasses or pytrees of tensors; got a list of "
-        f"{type(first).__name__}. Use ListStorage for arbitrary Python objects"
-    )
-
-
-
-def _broadcast_entry(value: torch.Tensor, batch_size: torch.Size, device: torch.device) -> torch.Tensor:
-    """An entry of one value per item, on ``device``, broadcast over the batch's trailing dims."""
-    return expand_as_batch(value if value.device == device else value.to(device), batch_size)
 
 
 def _empty_leaf(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """An uninitialised leaf tensor; on the CPU, one of at least 2 MiB goes on transparent huge pages.
+    """An uninitialised leaf tensor; with :func:`~gpubuf.host_memory.use_huge_pages`, a CPU leaf of
+    at least 2 MiB goes on transparent huge pages.
 
     A sample reads rows scattered over the whole leaf: with 4 KiB pages nearly every row costs
     a TLB miss and a page walk, with 2 MiB pages a buffer of a few GB fits the TLB (measured on
     1M rows of 292 B and B = 256, side by side: the five-field gather in 0.86 times the time).
-    Rounding up to whole huge pages wastes under 2 MiB per leaf. ``GPUBUF_HUGE_PAGES=0`` (see
-    :mod:`~gpubuf.ops.host_memory`) keeps the ordinary allocator.
+    Rounding up to whole huge pages wastes under 2 MiB per leaf.
     """
-    if device.type == "cpu" and math.prod(shape) * dtype.itemsize >= HUGE_PAGE_BYTES:
+    if device.type == "cpu" and math.prod(shape) * dtype.itemsize >= HUGE_PAGE_BYTES and huge_pages_enabled():
         return empty_host(shape, dtype, huge_from=HUGE_PAGE_BYTES, reuse=False)
     return torch.empty(shape, dtype=dtype, device=device)
+
 
 class TensorStorage(Storage):
     """A storage of tensors, TensorDicts, tensorclasses or pytrees of tensors, over given tensors.
@@ -125,13 +82,12 @@ class TensorStorage(Storage):
         self._layout: Layout | None = None
         self._leaves: list[torch.Tensor] | None = None
         self._flat_leaves: list[torch.Tensor] | None = None
-        self._prefetch_targets: tuple | None = None  # see _row_targets
         self._rest_shape = torch.Size()  # dims 1..ndim-1 of the storage
         self._len_value = 0
-        self._auto_device = device in _AUTO
-        self.device = "auto" if self._auto_device else _as_device(device)
+        self._auto_device = device in AUTO_DEVICE
+        self.device = "auto" if self._auto_device else as_device(device)
         if storage is not None:
-            leading = _leading_size(storage)
+            leading = leading_size(storage)
             if max_size is not None and check_max_size(max_size) != leading:
                 raise ValueError(
                     f"max_size={max_size} does not match the storage's first dimension ({leading})"
@@ -180,7 +136,7 @@ class TensorStorage(Storage):
         data = single_data if single_data is not None else batched_data
         if data is None:
             raise ValueError("single_data or batched_data must be passed")
-        shape = _leading_shape(data, self.ndim if batched_data is not None else self.ndim - 1)
+        shape = leading_shape(data, self.ndim if batched_data is not None else self.ndim - 1)
         rest = shape[1:] if batched_data is not None else shape
         return -(-self.max_size // max(torch.Size(rest).numel(), 1))
 
@@ -246,7 +202,7 @@ class TensorStorage(Storage):
         Nothing is modified; every error is raised here, before any write.
         """
         if isinstance(data, list) and leading is not None and len(leading) >= 1:
-            data = _stack_items(data)
+            data = stack_items(data)
         needs_init = not self.initialized
         if needs_init:
             layout = Layout.from_batch(data, leading=0 if leading is None else len(leading))
@@ -297,7 +253,7 @@ class TensorStorage(Storage):
             ``(n, leaves, first, skip, count)``: the batch's rows along dim 0, its leaves, the
             storage row the kept rows start at, the batch rows skipped and the rows kept.
         """
-        n = _leading_size(data)
+        n = leading_size(data)
         layout, leaves, needs_init = self._prepare(data, [n])
         if needs_init:
             self._init_from(layout, leaves)
@@ -329,8 +285,8 @@ class TensorStorage(Storage):
             IndexOutOfRangeError: the cursor points outside the capacity; nothing is written.
         """
         if isinstance(data, list):
-            data = _stack_items(data)
-        if _is_int(cursor):
+            data = stack_items(data)
+        if is_int(cursor):
             cursor = int(cursor)
             lead: list[int] = []
             rows = [cursor]
@@ -375,7 +331,12 @@ class TensorStorage(Storage):
         if not self.initialized or self._len == 0:
             raise EmptyBufferError("cannot read from an empty storage: write data to it first")
 
-    def _gather(self, index: torch.Tensor, skip: int | None = None) -> Any:
+    @property
+    def _row_sources(self) -> list[torch.Tensor] | None:
+        """The leaves as rows over all ``ndim`` batch dims (see :attr:`Storage._row_sources`)."""
+        return self._flat_leaves
+
+    def _gather(self, index: torch.Tensor, skip: int | None = None) -> list:
         """The sample path: ``index`` is a 1-D int64 tensor of in-range rows on the storage's device.
 
         Args:
@@ -383,49 +344,32 @@ class TensorStorage(Storage):
             skip: the position of a leaf not to gather (the buffer fills it itself), or None.
         """
         sources = self._flat_leaves
-        read = sources if skip is None else sources[:skip] + sources[skip + 1 :]
-        gathered = gather_rows_trusted(read, index, self._row_targets(sources, skip, read))
-        if skip is not None:
-            gathered.insert(skip, None)
+        if skip is None:
+            return gather_rows_trusted(sources, index)
+        gathered = gather_rows_trusted(sources[:skip] + sources[skip + 1 :], index)
+        gathered.insert(skip, None)
         return gathered
 
-    def _row_targets(self, sources: list, skip: int | None, read: list) -> Any:
-        """The prefetch targets of ``read``, which is ``sources`` less leaf ``skip`` (see :func:`row_targets`).
-
-        Kept while the storage keeps the same leaves list (a new allocation or load replaces
-        it) at the same address (a copy of the storage in another process maps its leaves
-        elsewhere).
-        """
-        kept = self._prefetch_targets
-        address = sources[0].data_ptr()
-        if kept is not None and kept[0] is sources and kept[1] == skip and kept[2] == address:
-            return kept[3]
-        targets = row_targets(read)
-        self._prefetch_targets = (sources, skip, address, targets)
-        return targets
-
     def _build(
-        self, leaves: list, lead: Sequence[int], consumed: int | None = None, extra: dict | None = None
+        self, leaves: list, lead: Sequence[int], *, device: torch.device | None = None, consumed: int | None = None
     ) -> Any:
         """Wraps leaves of shape ``[*lead, *item_shape[consumed:]]`` into the stored container.
 
-        ``consumed`` is how many item dims the leading dims replace: ``ndim - 1`` for a gather
-        over elements (the default), 0 for whole dim-0 rows. ``extra`` holds top-level entries
-        for a TensorDict, one per item (led by ``lead``): they are moved to the storage's
-        device and broadcast over the item's batch dims (see :meth:`Layout.build`).
+        ``device`` is where the leaves are (default: the storage's device). ``consumed`` is how
+        many item dims the leading dims replace: ``ndim - 1`` for a gather over elements (the
+        default), 0 for whole dim-0 rows.
         """
         layout = self._layout
-        if consumed is None:
-            consumed = self.ndim - 1
+        device = self.device if device is None else device
         if layout.kind in ("tensordict", "tensorclass"):
-            batch_size = torch.Size([*lead, *layout.item_batch[consumed:]])
-            if extra:
-                extra = {key: _broadcast_entry(value, batch_size, self.device) for key, value in extra.items()}
-            return layout.build(leaves, batch_size, self.device, extra)
-        return layout.build(leaves, torch.Size(lead), self.device)
+            consumed = self.ndim - 1 if consumed is None else consumed
+            return layout.build(leaves, torch.Size([*lead, *layout.item_batch[consumed:]]), device)
+        return layout.build(leaves, torch.Size(lead), device)
 
     def _flat_index(self, index: Any) -> torch.Tensor:
         """Turns a sampler's index (1-D tensor, or a tuple of per-dim tensors) into element rows."""
+        if not isinstance(index, (torch.Tensor, tuple)):
+            return torch.as_tensor(np.asarray(index), dtype=torch.long)
         if isinstance(index, tuple):
             flat = torch.zeros_like(index[0])
             for dim, idx in enumerate(index):
@@ -468,7 +412,7 @@ class TensorStorage(Storage):
 
     def _get_generic(self, index: Any) -> Any:
         len0 = self._len_along_dim0
-        if _is_int(index):
+        if is_int(index):
             index = int(index)
             if not -len0 <= index < len0:
                 raise IndexOutOfRangeError(f"index {index} is out of range for a storage of length {len0}")
@@ -489,8 +433,6 @@ class TensorStorage(Storage):
         feature_ndim = len(spec.shape) - len(self._layout.item_batch)
         out_shape = leaves[0].shape
         batch = out_shape[: len(out_shape) - feature_ndim]
-        if self._layout.kind in ("tensordict", "tensorclass"):
-            return self._layout.build(leaves, batch, self.device)
         return self._layout.build(leaves, batch, self.device)
 
     def _rand_given_ndim(self, batch_size: int) -> Any:
@@ -576,34 +518,6 @@ class LazyTensorStorage(TensorStorage):
         check_max_size(max_size)
         super().__init__(None, max_size, device=device, ndim=ndim, compilable=compilable)
         self.consolidated = consolidated
-
-
-def _is_int(value: Any) -> bool:
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, (int, np.integer)):
-        return True
-    return isinstance(value, torch.Tensor) and value.ndim == 0 and not value.dtype.is_floating_point
-
-
-def _leading_shape(data: Any, count: int) -> torch.Size:
-    if is_tensor_collection(data):
-        return torch.Size(data.batch_size[:count])
-    if isinstance(data, torch.Tensor):
-        return data.shape[:count]
-    import torch.utils._pytree as pytree
-
-    leaves = [leaf for leaf in pytree.tree_leaves(data) if isinstance(leaf, torch.Tensor)]
-    if not leaves:
-        raise UnsupportedDataError(f"cannot find a tensor in {type(data).__name__}")
-    return leaves[0].shape[:count]
-
-
-def _leading_size(data: Any) -> int:
-    shape = _leading_shape(data, 1)
-    if len(shape) == 0:
-        raise SchemaMismatchError("expected a batch with a leading dimension, got a scalar item")
-    return int(shape[0])
 
 
 __all__ = ["TensorStorage", "LazyTensorStorage"]

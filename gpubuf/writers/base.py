@@ -5,25 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 
-from gpubuf.errors import SchemaMismatchError
-from gpubuf.storages._layout import is_tensor_collection
-from gpubuf.storages.tensor import _is_int
-
-
-def batch_length(data: Any) -> int:
-    """The number of items along the first dim of a batch (tensor, collection, list or pytree)."""
-    if isinstance(data, torch.Tensor) or is_tensor_collection(data):
-        if len(data.shape) == 0:
-            raise SchemaMismatchError("expected a batch with a leading dimension, got a scalar; use add() for one item")
-        return data.shape[0]
-    if isinstance(data, (list, range)):
-        return len(data)
-    leaves = [leaf for leaf in pytree.tree_leaves(data) if isinstance(leaf, torch.Tensor)]
-    if not leaves:
-        return len(data)
-    return leaves[0].shape[0]
+from gpubuf.storages.items import is_int
 
 
 class Writer:
@@ -49,6 +32,9 @@ class Writer:
     def extend(self, data: Any) -> torch.Tensor:
         raise NotImplementedError
 
+    def _check_writable(self) -> None:
+        """Raises when the writer refuses writes that bypass it (``rb[index] = value``); the default accepts them."""
+
     def _empty(self, empty_write_count: bool = True) -> None:
         self._cursor = 0
         if empty_write_count:
@@ -64,7 +50,7 @@ class Writer:
         mesh = torch.stack(
             torch.meshgrid(*(torch.arange(d, device=device) for d in rest), indexing="ij"), -1
         ).flatten(0, -2)
-        if _is_int(index):
+        if is_int(index):
             head = torch.full((mesh.shape[0], 1), int(index), dtype=torch.long, device=device)
             return torch.cat([head, mesh], 1)
         return torch.cat([index.repeat_interleave(mesh.shape[0]).unsqueeze(1), mesh.repeat(index.numel(), 1)], 1)

@@ -9,7 +9,7 @@ import torch
 
 from gpubuf._ensemble import rng_to_members
 from gpubuf.writers.base import Writer
-from gpubuf.writers.immutable import ImmutableStorageError
+from gpubuf.errors import ImmutableStorageError
 
 __all__ = ["WriterEnsemble"]
 

@@ -5,20 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from tensordict import is_tensorclass
 
 from gpubuf.errors import SchemaMismatchError
 from gpubuf.storages._layout import is_tensor_collection
-from gpubuf.writers.base import Writer, batch_length
-
-
-def _appends(storage: Any) -> bool:
-    """Whether ``storage`` keeps the write cursor itself and reserves rows atomically.
-
-    Such storages (``LazyMemmapStorage``) are extended from several processes at once: the
-    cursor lives with the storage, every writer reserves its rows through
-    ``storage._append_rows``, and concurrent writers never get the same rows.
-    """
-    return hasattr(storage, "_append_rows")
+from gpubuf.storages.base import WriteCursor
+from gpubuf.storages.items import batch_length
+from gpubuf.writers.base import Writer
 
 
 class RoundRobinWriter(Writer):
@@ -27,54 +20,45 @@ class RoundRobinWriter(Writer):
     The cursor and write count move only after the storage accepted the data, so a rejected
     batch leaves them unchanged.
 
-    With a storage that shares its write state between processes (``LazyMemmapStorage``), the
+    With a storage that shares its write cursor between processes (``LazyMemmapStorage``), the
     cursor and the write count are the storage's: ``_cursor`` and ``_write_count`` read and set
     them there, and every writer of the storage, in any process, reserves its rows atomically.
     A writer's own cursor is then ignored when it is given such a storage.
     """
 
     # ------------------------------------------------------------------ cursor: own or the storage's
-    def _shared_state(self) -> Any:
+    @property
+    def _state(self) -> WriteCursor:
+        """The cursor writes go through: the storage's shared one, else this writer's own."""
         storage = self.__dict__.get("_storage")
-        return getattr(storage, "_write_state", None) if storage is not None else None
+        shared = None if storage is None else storage._write_state
+        if shared is not None:
+            return shared
+        own = self.__dict__.get("_own")
+        if own is None:
+            own = self.__dict__["_own"] = WriteCursor()
+        return own
 
     @property
     def _cursor(self) -> int:
-        state = self._shared_state()
-        return state.cursor if state is not None else self.__dict__.get("_own_cursor", 0)
+        return self._state.cursor
 
     @_cursor.setter
     def _cursor(self, value: int) -> None:
-        state = self._shared_state()
-        if state is not None:
-            state.cursor = int(value)
-        else:
-            self.__dict__["_own_cursor"] = value
+        self._state.cursor = int(value)
 
     @property
     def _write_count(self) -> int:
-        state = self._shared_state()
-        return state.write_count if state is not None else self.__dict__.get("_own_write_count", 0)
+        return self._state.write_count
 
     @_write_count.setter
     def _write_count(self, value: int) -> None:
-        state = self._shared_state()
-        if state is not None:
-            state.write_count = int(value)
-        else:
-            self.__dict__["_own_write_count"] = value
+        self._state.write_count = int(value)
 
     # ------------------------------------------------------------------ writing
     def add(self, data: Any) -> int:
         """Writes one item at the cursor and returns its index (int; a coordinate tensor for ``ndim > 1``)."""
-        if _appends(self._storage):
-            return self._replicate_index(self._storage._append_rows(data, single=True))
-        index = self._cursor
-        cap0 = self._storage._max_size_along_dim0(single_data=data)
-        self._storage.set(index, data)
-        self._cursor = (index + 1) % cap0
-        self._write_count += 1
-        return self._replicate_index(index)
+        return self._replicate_index(self._storage._append_rows(self._state, data, single=True))
 
     def extend(self, data: Any) -> torch.Tensor:
         """Writes a batch from the cursor on and returns the int64 indices written.
@@ -87,35 +71,24 @@ class RoundRobinWriter(Writer):
             SchemaMismatchError: an empty batch, or data that does not fit the storage (nothing is
                 written then).
         """
+        n = self._check_length(data)
+        start = self._storage._append_rows(self._state, data)
+        return self._replicate_index(self._index(start, n, data))
+
+    @staticmethod
+    def _check_length(data: Any) -> int:
         n = batch_length(data)
         if n == 0:
             raise SchemaMismatchError("cannot extend with an empty batch: expected at least one item")
-        if _appends(self._storage):
-            start = self._storage._append_rows(data)
-            cap0 = self._storage._max_size_along_dim0(batched_data=data)
-            return self._replicate_index(self._index(start, n, cap0, data))
-        start = self._cursor
+        return n
+
+    def _index(self, start: int, n: int, data: Any) -> torch.Tensor:
+        """The dim-0 rows of a batch of ``n`` written from ``start`` on, on the data's device."""
         cap0 = self._storage._max_size_along_dim0(batched_data=data)
-        index = self._index(start, n, cap0, data)
-        self._write(start, index, data)
-        self._cursor = (start + n) % cap0
-        self._write_count += n
-        return self._replicate_index(index)
-
-    @staticmethod
-    def _index(start: int, n: int, cap0: int, data: Any) -> torch.Tensor:
-        device = getattr(data, "device", None) or "cpu"
-        if start + n <= cap0:
-            # No wrap: a plain arange, without the modulo pass over the whole index.
-            return torch.arange(start, start + n, dtype=torch.long, device=device)
-        return torch.arange(start, start + n, dtype=torch.long, device=device) % cap0
-
-    def _write(self, start: int, index: torch.Tensor, data: Any) -> None:
-        write_rows = getattr(self._storage, "_write_rows", None)
-        if write_rows is not None:
-            write_rows(start, data)
-        else:
-            self._storage.set(index, data)
+        device = data.device if isinstance(data, torch.Tensor) or is_tensor_collection(data) else None
+        index = torch.arange(start, start + n, dtype=torch.long, device=device or "cpu")
+        # No wrap: a plain arange, without the modulo pass over the whole index.
+        return index if start + n <= cap0 else index % cap0
 
 
 class TensorDictRoundRobinWriter(RoundRobinWriter):
@@ -127,38 +100,20 @@ class TensorDictRoundRobinWriter(RoundRobinWriter):
     """
 
     def add(self, data: Any) -> int:
-        if _appends(self._storage):
-            # The row is known only once reserved: the storage writes it into "index" itself.
-            with _index_entry(data, torch.zeros(data.batch_size, dtype=torch.long, device=data.device)) as entry:
-                index = self._storage._append_rows(data, single=True, index_key=entry.key)
-            entry.keep(torch.full(data.batch_size, index, dtype=torch.long, device=data.device))
-            return self._replicate_index(index)
-        index = self._cursor
-        cap0 = self._storage._max_size_along_dim0(single_data=data)
-        value = torch.full(data.batch_size, index, dtype=torch.long, device=data.device)
-        with _index_entry(data, value):
-            self._storage.set(index, data)
-        self._cursor = (index + 1) % cap0
-        self._write_count += 1
+        # The row is known only once reserved: the storage writes it into "index" itself.
+        with _index_entry(data, torch.zeros(data.batch_size, dtype=torch.long, device=data.device)) as entry:
+            index = self._storage._append_rows(self._state, data, single=True, index_key=entry.key)
+        entry.keep(torch.full(data.batch_size, index, dtype=torch.long, device=data.device))
         return self._replicate_index(index)
 
     def extend(self, data: Any) -> torch.Tensor:
-        if not _appends(self._storage):
-            return super().extend(data)
-        n = batch_length(data)
-        if n == 0:
-            raise SchemaMismatchError("cannot extend with an empty batch: expected at least one item")
+        n = self._check_length(data)
         placeholder = torch.zeros(data.batch_size, dtype=torch.long, device=data.device)
         with _index_entry(data, placeholder) as entry:
-            start = self._storage._append_rows(data, index_key=entry.key)
-        cap0 = self._storage._max_size_along_dim0(batched_data=data)
-        index = self._index(start, n, cap0, data)
+            start = self._storage._append_rows(self._state, data, index_key=entry.key)
+        index = self._index(start, n, data)
         entry.keep(_index_value(index, data))
         return self._replicate_index(index)
-
-    def _write(self, start: int, index: torch.Tensor, data: Any) -> None:
-        with _index_entry(data, _index_value(index, data)):
-            super()._write(start, index, data)
 
 
 def _index_value(index: torch.Tensor, data: Any) -> torch.Tensor:
@@ -172,7 +127,7 @@ class _index_entry:
     def __init__(self, data: Any, value: torch.Tensor) -> None:
         self.data = data
         self.value = value
-        self.active = is_tensor_collection(data) and not _is_tensorclass(data)
+        self.active = is_tensor_collection(data) and not is_tensorclass(data)
 
     @property
     def key(self) -> tuple | None:
@@ -197,12 +152,6 @@ class _index_entry:
             else:
                 self.data.set("index", self.previous)
         return False
-
-
-def _is_tensorclass(data: Any) -> bool:
-    from tensordict import is_tensorclass
-
-    return is_tensorclass(data)
 
 
 __all__ = ["RoundRobinWriter", "TensorDictRoundRobinWriter"]

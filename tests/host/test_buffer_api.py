@@ -295,13 +295,13 @@ def test_gpubuf_exports_errors_module():
 
 
 def test_large_cpu_leaves_go_on_huge_pages(monkeypatch):
-    """A leaf of 2 MiB or more is allocated on transparent huge pages (a sample's scattered rows
+    """With huge pages asked for, a leaf of 2 MiB or more is allocated on them (a sample's scattered rows
     then cost no TLB walk each); smaller leaves keep the ordinary allocator. Either way the rows
     read back, and the storage can still move to shared memory."""
     import math
 
     import gpubuf.storages.tensor as tensor_module
-    from gpubuf.ops.host_memory import HUGE_PAGE_BYTES
+    from gpubuf.host_memory import HUGE_PAGE_BYTES
 
     calls = []
     real = tensor_module.empty_host
@@ -311,6 +311,7 @@ def test_large_cpu_leaves_go_on_huge_pages(monkeypatch):
         return real(shape, dtype, **kwargs)
 
     monkeypatch.setattr(tensor_module, "empty_host", recording)
+    monkeypatch.setattr(tensor_module, "huge_pages_enabled", lambda: True)  # as after use_huge_pages()
     n = 40_000
     data = TensorDict({"obs": torch.randn(n, 16), "done": torch.rand(n, 1) > 0.5}, batch_size=[n])
     storage = LazyTensorStorage(n)

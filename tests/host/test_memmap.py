@@ -505,7 +505,7 @@ def test_attaching_with_another_layout_is_refused(tmp_path):
     a.set(range(2), ted_rows(2))
     # b maps the files with the layout of its own first batch, checked against the one on disk.
     with pytest.raises(StorageMismatchError):
-        b._append_rows(torch.ones(2, 3))
+        b._append_rows(b._write_state, torch.ones(2, 3))
     assert not b.initialized or b.layout.kind == "tensordict"
     assert len(a) == 2
 

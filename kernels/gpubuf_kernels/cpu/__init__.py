@@ -11,9 +11,6 @@ reason: their torch versions treat a batch as whole-tensor steps (line tables, a
 lines, gathers), several passes over intermediates larger than the rows, where a loop reads or
 writes each line once.
 
-:mod:`.prefetch` changes no data at all: it asks the processor to fetch the rows a small host
-gather is about to read, so that their cache misses overlap.
-
 Numba compiles each kernel on first use and caches the machine code on disk (``cache=True``),
 so later processes load it in milliseconds. Nothing is imported or compiled when ``gpubuf`` is.
 """

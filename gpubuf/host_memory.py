@@ -1,4 +1,7 @@
-"""Host memory for sampled batches: large outputs on transparent huge pages.
+"""Host memory for sampled batches: large outputs on transparent huge pages, when asked for.
+
+Off by default: every CPU output comes from the ordinary allocator until
+:func:`use_huge_pages` turns this on for the process. Nothing here runs at import.
 
 A sampled batch is a new tensor every call. Past glibc's largest mmap threshold (32 MiB on
 64-bit Linux) every new block comes straight from the kernel and is faulted in 4 KiB at a time
@@ -20,8 +23,8 @@ of a batch's size mapped, so the next batch of that size reuses their pages with
 Either way the result is an ordinary, writable tensor that owns its memory; a kept block is
 reused only once no tensor (no view) of its previous batch is alive.
 
-``GPUBUF_HUGE_PAGES=0`` turns huge pages and the kept blocks off; so does a kernel whose
-transparent huge pages are ``never``, or a platform without ``MADV_HUGEPAGE``.
+Even when asked for, a kernel whose transparent huge pages are ``never``, or a platform
+without ``MADV_HUGEPAGE``, keeps the ordinary allocator.
 """
 
 from __future__ import annotations
@@ -59,9 +62,37 @@ def _kernel_offers_huge_pages() -> bool:
     return "[never]" not in setting
 
 
+_asked = False
+_fork_hook = False
+
+
+def use_huge_pages(enabled: bool = True) -> None:
+    """Turns huge-page outputs and the kept blocks on (or off again) for this process.
+
+    On: CPU outputs of :data:`LARGE_OUTPUT_BYTES` and more (sampled batches, decoded frames),
+    a tensor storage's CPU leaves and a sum tree's leaves of :data:`HUGE_PAGE_BYTES` and more,
+    and the compressed storages' encoded-row arenas go on transparent huge pages where the
+    kernel offers them, and freed batch blocks are kept for the next batches of their size.
+    Turning it off unmaps the kept blocks that are free; live ones go with their batches.
+    """
+    global _asked, _fork_hook
+    _asked = bool(enabled)
+    if _asked and not _fork_hook and hasattr(os, "register_at_fork"):
+        # A child forked while another thread held the lock would wait on it forever; its
+        # copies of the blocks are its own (private mappings), so it keeps them with a fresh lock.
+        os.register_at_fork(after_in_child=_reset_lock_in_child)
+        _fork_hook = True
+    if not _asked:
+        _CACHE.release()
+
+
+def _reset_lock_in_child() -> None:
+    _CACHE.reset_lock()
+
+
 def huge_pages_enabled() -> bool:
     """Whether large CPU outputs are allocated on transparent huge pages in this process."""
-    return os.environ.get("GPUBUF_HUGE_PAGES", "1") != "0" and _kernel_offers_huge_pages()
+    return _asked and _kernel_offers_huge_pages()
 
 
 class _BlockCache:
@@ -108,6 +139,9 @@ class _BlockCache:
         with self._lock:
             self._trim(0)
 
+    def reset_lock(self) -> None:
+        self._lock = threading.Lock()
+
     def __len__(self) -> int:
         return len(self._blocks)
 
@@ -130,10 +164,6 @@ def _map_block(size: int) -> mmap.mmap | None:
 
 
 _CACHE = _BlockCache()
-if hasattr(os, "register_at_fork"):
-    # A child forked while another thread held the lock would wait on it forever; its copies
-    # of the blocks are its own (private mappings), so it keeps them with a fresh lock.
-    os.register_at_fork(after_in_child=lambda: setattr(_CACHE, "_lock", threading.Lock()))
 
 
 def _huge_page_block(nbytes: int) -> torch.Tensor | None:
@@ -201,4 +231,5 @@ __all__ = [
     "empty_host_bytes",
     "huge_pages_enabled",
     "release_idle_blocks",
+    "use_huge_pages",
 ]

@@ -1,5 +1,5 @@
-"""The settled host read of a sample gives exactly what the general read gives, and steps aside
-whenever the general read does more (transforms, other storages, other read steps)."""
+"""The one read path of a sample: the drawn rows, the draw's info in TensorDict batches, transforms,
+every storage, subclasses' own read steps, and a storage reallocated between samples."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-import gpubuf
 from gpubuf import LazyMemmapStorage, LazyTensorStorage, ListStorage, ReplayBuffer, TensorDictReplayBuffer
 from gpubuf.buffers.prioritized import PrioritizedReplayBuffer, TensorDictPrioritizedReplayBuffer
 
@@ -36,53 +35,37 @@ def _make(cls, storage):
     return rb
 
 
-def _sample_both(rb, monkeypatch, seed: int = 3):
-    """A sample through the settled read and one through the general read, same seed."""
-    torch.manual_seed(seed)
-    direct = rb.sample(return_info=True)
-    with monkeypatch.context() as m:
-        m.setattr(rb, "_host_read_plan", lambda: None)
-        torch.manual_seed(seed)
-        general = rb.sample(return_info=True)
-    return direct, general
-
-
-def _assert_same(a, b):
-    (da, ia), (db, ib) = a, b
-    assert type(da) is type(db)
-    assert da.batch_size == db.batch_size and da.device == db.device
-    assert sorted(map(str, da.keys(True, True))) == sorted(map(str, db.keys(True, True)))
-    for key in da.keys(True, True):
-        assert da.get(key).dtype == db.get(key).dtype, key
-        assert torch.equal(da.get(key), db.get(key)), key
-    assert ia.keys() == ib.keys()
-    for key in ia:
-        assert torch.equal(ia[key], ib[key]), key
+def _expected(rb, info):
+    """The batch a sample of ``info["index"]`` must hold: the stored rows, read item by item."""
+    return rb.storage.get(info["index"])
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
-def test_settled_read_equals_the_general_read(cls, monkeypatch):
+def test_sample_holds_the_drawn_rows_and_the_draw_s_info(cls):
     rb = _make(cls, LazyTensorStorage(40))
-    read = []
-    real = rb._read_planned
-    monkeypatch.setattr(rb, "_read_planned", lambda *a: read.append(1) or real(*a))
-    direct, general = _sample_both(rb, monkeypatch)
-    assert read == [1]  # the first sample took the settled read, the second did not
-    _assert_same(direct, general)
-    batch, info = direct
+    torch.manual_seed(3)
+    batch, info = rb.sample(return_info=True)
+    stored = _expected(rb, info)
+    for key in stored.keys(True, True):
+        if key == "index" and issubclass(cls, TensorDictReplayBuffer):
+            continue
+        assert batch.get(key).dtype == stored.get(key).dtype, key
+        assert torch.equal(batch.get(key), stored.get(key)), key
     if issubclass(cls, TensorDictReplayBuffer):
         # The stored "index" column holds the drawn indices, not the stored -7.
         assert torch.equal(batch["index"], info["index"])
         if "Prioritized" in cls.__name__:
             assert torch.equal(batch["priority_weight"], info["priority_weight"])
+    else:
+        # A plain buffer returns what is stored, a stored "index" column included.
+        assert "priority_weight" not in batch.keys()
 
 
 @pytest.mark.parametrize("cls", CLASSES, ids=lambda c: c.__name__)
-def test_transforms_take_the_general_read(cls, monkeypatch):
+def test_transforms_apply_to_every_sample(cls):
     rb = _make(cls, LazyTensorStorage(40))
-    rb.sample()  # settles the read
+    rb.sample()
     rb.append_transform(lambda td: td.set("seen", torch.ones(td.batch_size)))
-    monkeypatch.setattr(rb, "_read_planned", lambda *a: pytest.fail("settled read with a transform"))
     assert bool(rb.sample()["seen"].all())
 
 
@@ -91,15 +74,18 @@ def test_transforms_take_the_general_read(cls, monkeypatch):
     [lambda: LazyTensorStorage(40, ndim=2), lambda: LazyMemmapStorage(40), lambda: ListStorage(40)],
     ids=["ndim2", "memmap", "list"],
 )
-def test_other_storages_take_the_general_read(storage, monkeypatch, tmp_path):
+def test_other_storages_sample_through_the_same_read(storage, tmp_path):
     rb = TensorDictReplayBuffer(storage=storage(), batch_size=4)
     data = _data(8, with_index=False)
     rb.extend(data.unsqueeze(1).expand(8, 5) if rb._storage.ndim == 2 else data)
-    monkeypatch.setattr(rb, "_read_planned", lambda *a: pytest.fail("settled read of another storage"))
-    assert rb.sample().batch_size[0] == 4
+    batch, info = rb.sample(return_info=True)
+    assert batch.batch_size[0] == 4
+    # With ndim=2 the batch was extended along dim 1 (dim_extend): its rows are the second coordinate.
+    rows = info["index"][1] if rb._storage.ndim == 2 else info["index"]
+    assert torch.equal(batch["obs"].reshape(4, -1, 6)[:, 0], data["obs"][rows])
 
 
-def test_subclass_reading_its_own_way_takes_the_general_read(monkeypatch):
+def test_subclass_reading_its_own_way_is_followed():
     class Tagged(TensorDictReplayBuffer):
         def _read_drawn(self, index, info, batch_size):
             return super()._read_drawn(index, info, batch_size).set("tag", torch.zeros(batch_size))
@@ -109,7 +95,7 @@ def test_subclass_reading_its_own_way_takes_the_general_read(monkeypatch):
     assert "tag" in rb.sample().keys()
 
 
-def test_settled_read_follows_a_new_storage_allocation():
+def test_read_follows_a_new_storage_allocation():
     """Restored from a state dict with other fields, the stored "index" column elsewhere: the
     next sample reads the new leaves and fills the new column."""
     first = TensorDict({"index": torch.full((30,), -7), "obs": torch.randn(30, 3)}, [30])
@@ -121,7 +107,7 @@ def test_settled_read_follows_a_new_storage_allocation():
     source.extend(later.clone())
     rb = TensorDictReplayBuffer(storage=LazyTensorStorage(30), batch_size=6)
     rb.extend(first.clone())
-    rb.sample()  # settles the read for the first layout
+    rb.sample()  # reads the first layout
     rb.load_state_dict(source.state_dict())
     batch, info = rb.sample(return_info=True)
     assert sorted(batch.keys()) == ["a", "b", "c", "index"]

@@ -1,6 +1,8 @@
 """Output memory on the CPU: huge-page blocks for large batches, the ordinary heap below.
 
-The size threshold is lowered in these tests so that the huge-page path runs on small data.
+Huge pages are opt-in (:func:`gpubuf.host_memory.use_huge_pages`); these tests turn them on,
+except where they check the switch. The size threshold is lowered so that the huge-page path
+runs on small data.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import gc
 import importlib
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpubuf.ops import host_memory
+from gpubuf import host_memory
 from gpubuf.ops.gather_rows import gather_rows_trusted
 
 # The module (``gpubuf.ops.gather_rows`` the attribute is the function of that name).
@@ -64,8 +67,20 @@ def _thp_file(tmp_path, monkeypatch, text):
 @pytest.fixture(autouse=True)
 def _fresh_detection():
     host_memory._kernel_offers_huge_pages.cache_clear()
+    host_memory.use_huge_pages(True)
     yield
+    host_memory.use_huge_pages(False)
     host_memory._kernel_offers_huge_pages.cache_clear()
+
+
+def test_huge_pages_are_off_unless_asked_for():
+    """A fresh process allocates from the ordinary heap until it calls use_huge_pages()."""
+    code = (
+        "import torch, gpubuf; from gpubuf import host_memory as h; "
+        "assert not h.huge_pages_enabled(); out = h.empty_host_bytes(64 << 20); "
+        "assert len(h._CACHE) == 0 and out.numel() == 64 << 20"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_small_outputs_stay_on_the_heap(spy):
@@ -83,7 +98,6 @@ def test_empty_outputs_take_any_dtype(shape, dtype):
 
 def test_large_output_is_a_huge_page_block_that_outlives_its_mapping_object(spy, small_threshold, tmp_path, monkeypatch):
     _thp_file(tmp_path, monkeypatch, "always [madvise] never\n")
-    monkeypatch.delenv("GPUBUF_HUGE_PAGES", raising=False)
     out = host_memory.empty_host((1000, 3), torch.int64)
     assert spy == [24_000]
     assert out.shape == (1000, 3) and out.dtype == torch.int64 and out.is_contiguous()
@@ -98,20 +112,17 @@ def test_large_output_is_a_huge_page_block_that_outlives_its_mapping_object(spy,
 
 
 @pytest.mark.parametrize(
-    "text, env, expected",
+    "text, asked, expected",
     [
-        ("always [madvise] never\n", None, True),
-        ("[always] madvise never\n", None, True),
-        ("always madvise [never]\n", None, False),
-        ("always [madvise] never\n", "0", False),
+        ("always [madvise] never\n", True, True),
+        ("[always] madvise never\n", True, True),
+        ("always madvise [never]\n", True, False),
+        ("always [madvise] never\n", False, False),
     ],
 )
-def test_huge_pages_follow_the_kernel_setting_and_the_switch(tmp_path, monkeypatch, spy, small_threshold, text, env, expected):
+def test_huge_pages_follow_the_kernel_setting_and_the_switch(tmp_path, monkeypatch, spy, small_threshold, text, asked, expected):
     _thp_file(tmp_path, monkeypatch, text)
-    if env is None:
-        monkeypatch.delenv("GPUBUF_HUGE_PAGES", raising=False)
-    else:
-        monkeypatch.setenv("GPUBUF_HUGE_PAGES", env)
+    host_memory.use_huge_pages(asked)
     assert host_memory.huge_pages_enabled() is expected
     out = host_memory.empty_host((8192,), torch.uint8)
     assert out.numel() == 8192
@@ -164,7 +175,6 @@ def test_large_decode_output_equals_the_twin(spy, small_threshold, tmp_path, mon
 def cache(monkeypatch, small_threshold, tmp_path):
     """A fresh cache of kept blocks, huge pages on, and a count of the blocks mapped."""
     _thp_file(tmp_path, monkeypatch, "always [madvise] never\n")
-    monkeypatch.delenv("GPUBUF_HUGE_PAGES", raising=False)
     fresh = host_memory._BlockCache()
     monkeypatch.setattr(host_memory, "_CACHE", fresh)
     fresh.mapped = _record_sizes(monkeypatch, "_map_block")

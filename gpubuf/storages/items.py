@@ -1,0 +1,111 @@
+"""What storages, writers and buffers need to know of the items and arguments they are given.
+
+Small helpers over the data a user passes in (a tensor, a TensorDict or tensorclass, a pytree
+of tensors, or a list of items): whether an index is one integer, how many items a batch
+holds, how a list of items becomes one batch, and which device a ``device=`` argument names.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+
+from gpubuf.errors import SchemaMismatchError, UnsupportedDataError
+from gpubuf.storages._layout import is_tensor_collection
+
+__all__ = ["AUTO_DEVICE", "as_device", "batch_length", "is_int", "leading_shape", "leading_size", "stack_items"]
+
+#: The ``device=`` values that mean "the device of the first batch written".
+AUTO_DEVICE = ("auto", None)
+
+
+def as_device(device: Any) -> torch.device | None:
+    """A storage's ``device=`` argument as a device (None for :data:`AUTO_DEVICE`); ``"cuda"`` gets its ordinal."""
+    if device in AUTO_DEVICE:
+        return None
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        # Make "cuda" comparable with tensors' devices, which always carry an ordinal.
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is one integer index: a Python or numpy int, or a 0-d integer tensor (not a bool)."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, np.integer)):
+        return True
+    return isinstance(value, torch.Tensor) and value.ndim == 0 and not value.dtype.is_floating_point
+
+
+def leading_shape(data: Any, count: int) -> torch.Size:
+    """The first ``count`` dims of a batch (of a collection's batch size, or of a pytree's first tensor)."""
+    if is_tensor_collection(data):
+        return torch.Size(data.batch_size[:count])
+    if isinstance(data, torch.Tensor):
+        return data.shape[:count]
+    leaves = [leaf for leaf in pytree.tree_leaves(data) if isinstance(leaf, torch.Tensor)]
+    if not leaves:
+        raise UnsupportedDataError(f"cannot find a tensor in {type(data).__name__}")
+    return leaves[0].shape[:count]
+
+
+def leading_size(data: Any) -> int:
+    """The number of items along the first dim of a batch of tensors.
+
+    Raises:
+        SchemaMismatchError: ``data`` is a scalar item, without a leading dim.
+    """
+    shape = leading_shape(data, 1)
+    if len(shape) == 0:
+        raise SchemaMismatchError("expected a batch with a leading dimension, got a scalar item")
+    return int(shape[0])
+
+
+def batch_length(data: Any) -> int:
+    """The number of items along the first dim of a batch (tensor, collection, list or pytree)."""
+    if isinstance(data, torch.Tensor) or is_tensor_collection(data):
+        if len(data.shape) == 0:
+            raise SchemaMismatchError("expected a batch with a leading dimension, got a scalar; use add() for one item")
+        return data.shape[0]
+    if isinstance(data, (list, range)):
+        return len(data)
+    leaves = [leaf for leaf in pytree.tree_leaves(data) if isinstance(leaf, torch.Tensor)]
+    if not leaves:
+        return len(data)
+    return leaves[0].shape[0]
+
+
+def stack_items(items: list) -> Any:
+    """A list of items given to ``extend`` becomes one batch (TorchRL: a list is a stack of items).
+
+    Raises:
+        SchemaMismatchError: an empty list, or items that do not stack into one batch.
+        UnsupportedDataError: items that are not tensors, collections or pytrees of tensors.
+    """
+    if not items:
+        raise SchemaMismatchError("cannot extend with an empty list")
+    first = items[0]
+    if isinstance(first, torch.Tensor) or is_tensor_collection(first):
+        try:
+            return torch.stack(items)
+        except (RuntimeError, TypeError, ValueError) as err:
+            raise SchemaMismatchError(f"the items of the list do not stack into one batch: {err}") from err
+    if isinstance(first, (tuple, dict)):
+        flat = [pytree.tree_flatten(item) for item in items]
+        spec = flat[0][1]
+        if any(s != spec for _, s in flat):
+            raise SchemaMismatchError("the items of the list do not share one pytree structure")
+        try:
+            leaves = [torch.stack([f[0][i] for f in flat]) for i in range(len(flat[0][0]))]
+        except (RuntimeError, TypeError) as err:
+            raise SchemaMismatchError(f"the items of the list do not stack into one batch: {err}") from err
+        return pytree.tree_unflatten(leaves, spec)
+    raise UnsupportedDataError(
+        f"a tensor storage holds tensors, TensorDicts, tensorclasses or pytrees of tensors; got a list of "
+        f"{type(first).__name__}. Use ListStorage for arbitrary Python objects"
+    )
