@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Lowest first. A module's layer is that of its longest listed prefix.
 LAYERS: list[tuple[str, ...]] = [
     ("gpubuf_kernels",),
-    ("gpubuf._version", "gpubuf.errors"),
+    ("gpubuf._version", "gpubuf.errors", "gpubuf.host_memory", "gpubuf.file_lock"),
     ("gpubuf.codec", "gpubuf.data"),
     ("gpubuf.ops",),
     ("gpubuf.staging", "gpubuf._ensemble"),
