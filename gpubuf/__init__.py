@@ -29,6 +29,8 @@ from gpubuf.samplers import (
     SamplerEnsemble,
     SamplerWithoutReplacement,
     SharedPrioritizedSampler,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
 )
 from gpubuf.data import RewardData
 from gpubuf.storages import (
@@ -85,6 +87,8 @@ __all__ = [
     "SamplerWithoutReplacement",
     "PrioritizedSampler",
     "SharedPrioritizedSampler",
+    "SliceSampler",
+    "SliceSamplerWithoutReplacement",
     "Writer",
     "RoundRobinWriter",
     "TensorDictRoundRobinWriter",

@@ -5,5 +5,6 @@ from gpubuf.samplers.ensemble import SamplerEnsemble
 from gpubuf.samplers.prioritized import PrioritizedSampler
 from gpubuf.samplers.shared import SharedPrioritizedSampler
 from gpubuf.samplers.random import RandomSampler, SamplerWithoutReplacement
+from gpubuf.samplers.slice import SliceSampler, SliceSamplerWithoutReplacement
 
-__all__ = ["Sampler", "RandomSampler", "SamplerWithoutReplacement", "PrioritizedSampler", "SharedPrioritizedSampler", "SamplerEnsemble"]
+__all__ = ["Sampler", "RandomSampler", "SamplerWithoutReplacement", "PrioritizedSampler", "SharedPrioritizedSampler", "SamplerEnsemble", "SliceSampler", "SliceSamplerWithoutReplacement"]
