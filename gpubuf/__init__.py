@@ -24,6 +24,7 @@ from gpubuf.checkpoint import (
 )
 from gpubuf.samplers import (
     PrioritizedSampler,
+    PrioritizedSliceSampler,
     RandomSampler,
     Sampler,
     SamplerEnsemble,
@@ -86,6 +87,7 @@ __all__ = [
     "RandomSampler",
     "SamplerWithoutReplacement",
     "PrioritizedSampler",
+    "PrioritizedSliceSampler",
     "SharedPrioritizedSampler",
     "SliceSampler",
     "SliceSamplerWithoutReplacement",

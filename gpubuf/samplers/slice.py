@@ -243,7 +243,7 @@ class SliceSampler(Sampler):
         return int(shape[0]), columns, shape[1:]
 
     @staticmethod
-    def _device(storage: Any) -> torch.device:
+    def _storage_device_of(storage: Any) -> torch.device:
         leaves = getattr(storage, "_leaves", None)
         if leaves:
             return leaves[0].device
@@ -316,13 +316,13 @@ class SliceSampler(Sampler):
     def _sync(self, storage: Any) -> EpisodeIndex:
         """Brings the boundaries up to date with the writes noted since the last draw."""
         if self._static is not None:
-            device = self._device(storage)
+            device = self._storage_device_of(storage)
             if self._static.device != device:
                 self._static = EpisodeIndex.from_state_dict(self._static.state_dict(), device)
                 self._nonempty = {}
             return self._static
         capacity, columns, shape = self._geometry(storage)
-        device = self._device(storage)
+        device = self._storage_device_of(storage)
         index = self._index
         if index is None or index.capacity != capacity or index.columns != columns or index.device != device:
             # A fresh index takes the writes noted so far, from the first row on.
@@ -422,7 +422,7 @@ class SliceSampler(Sampler):
             if side is not True and side and side >= seq_length:
                 raise SliceArgumentError("The right and left span must be strictly lower than the sequence length")
 
-    def _uniforms(self, n: int, device: torch.device) -> torch.Tensor:
+    def _draw_uniforms(self, n: int, device: torch.device) -> torch.Tensor:
         rng = self._rng
         if rng is None:
             return torch.rand(n, dtype=torch.float64, device=device)
@@ -460,7 +460,7 @@ class SliceSampler(Sampler):
             TrajectoryLengthError: ``strict_length=True`` and no trajectory is ``L`` long.
         """
         index, seq_length, num_slices = self._prepare(storage, batch_size)
-        u = self._uniforms(2 * num_slices, index.device)
+        u = self._draw_uniforms(2 * num_slices, index.device)
         return self._slices(storage, index, seq_length, num_slices, u[:num_slices], u[num_slices:], None)
 
     def _slices(
@@ -545,8 +545,9 @@ class SliceSampler(Sampler):
         seq: int | torch.Tensor,
         target: int | None,
         mask: torch.Tensor | None,
+        init: bool = True,
     ) -> tuple[tuple[torch.Tensor, ...], dict]:
-        """The per-dim index of the steps and TorchRL's info entries."""
+        """The per-dim index of the steps and TorchRL's info entries (``init``: mark slice starts)."""
         ndim = getattr(storage, "ndim", 1)
         if ndim == 1:
             out: tuple = (rows,)
@@ -585,7 +586,7 @@ class SliceSampler(Sampler):
             info[_out_key(terminated_key)] = terminated
         if mask is not None:
             info[("collector", "mask")] = mask
-        if self.init_key is not None:
+        if init and self.init_key is not None:
             init_key = as_key(self.init_key)
             stored = read_key(storage, init_key, out)
             if stored is not None:
@@ -742,7 +743,7 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
             keep = length >= seq_length
             col, start, length = col[keep], start[keep], length[keep]
         picked = (col, start, length)
-        u = self._uniforms(col.shape[0], index.device)
+        u = self._draw_uniforms(col.shape[0], index.device)
         return self._slices_without_replacement(storage, index, seq_length, picked, u)
 
     def _slices_without_replacement(

@@ -385,3 +385,83 @@ def test_bad_sample_requests_raise_before_anything_changes():
     empty = _buffer(gpubuf.SliceSampler(slice_len=2), 10)
     with pytest.raises(errors.EmptyBufferError):
         empty.sample(4)
+
+
+# ---------------------------------------------------------------------- prioritized
+def _valid_starts(trajectories: set, slice_len: int, capacity: int, strict: bool = True) -> list[int]:
+    rows = []
+    for _, s, n in trajectories:
+        last = n - (slice_len - 1)  # positions 0..last-1 can start a full slice
+        first = 0 if strict else 0
+        count = max(last, 0) if strict else max(last, 1)
+        rows += [(s + r) % capacity for r in range(first, count)]
+    return rows
+
+
+@pytest.mark.parametrize("wrap", [False, True])
+def test_prioritized_starts_and_weights_match_torchrl(wrap):
+    capacity, slice_len, num_slices, alpha, beta = 48, 4, 16, 0.7, 0.5
+    data = _transitions(_random_stream(11, 14 if wrap else 7, max_len=9))
+    if not wrap:
+        data = data[:capacity]
+    g = torch.Generator().manual_seed(12)
+    priority = torch.rand(capacity, generator=g) * 3 + 0.1
+
+    def make(mod):
+        sampler = mod.PrioritizedSliceSampler(capacity, alpha, beta, slice_len=slice_len, traj_key="episode")
+        return mod.TensorDictReplayBuffer(storage=mod.LazyTensorStorage(capacity), sampler=sampler)
+
+    ours, theirs = make(gpubuf), make(torchrl_data)
+    for rb in (ours, theirs):
+        rb.extend(data[: len(data) // 2])
+        rb.extend(data[len(data) // 2 :])
+        rb.update_priority(torch.arange(len(rb)), priority[: len(rb)])
+    priority = priority[: len(ours)]
+    ours.sample(slice_len)
+    valid = _valid_starts(_our_trajectories(ours.sampler), slice_len, capacity)
+    transformed = (priority.double() + 1e-8) ** alpha
+    mass = transformed[valid].sum()
+    expected = {(0, r): float(transformed[r] / mass) for r in valid}
+    p_min = transformed.min()
+
+    torch.manual_seed(13)
+    for rb in (ours, theirs):
+        counts: dict = {}
+        for _ in range(200):
+            batch, info = rb.sample(slice_len * num_slices, return_info=True)
+            rows = batch["index"].reshape(num_slices, slice_len, -1)[..., 0]
+            assert ((rows - rows[:, :1]) % capacity == torch.arange(slice_len)).all()
+            episodes = batch["episode"].reshape(num_slices, slice_len)
+            assert (episodes == episodes[:, :1]).all()
+            weight = info["priority_weight"].reshape(num_slices, slice_len).double()
+            assert (weight == weight[:, :1]).all()
+            want = ((transformed[rows[:, 0]] / p_min) ** -beta)
+            assert torch.allclose(weight[:, 0], want, rtol=1e-5)
+            for r in rows[:, 0].tolist():
+                counts[(0, r)] = counts.get((0, r), 0) + 1
+        stat, df = _chi_square(counts, expected)
+        assert stat < df + 6 * math.sqrt(2 * df), (stat, df)
+
+
+def test_prioritized_exclusions_follow_writes_and_updates(tmp_path):
+    capacity, slice_len = 30, 3
+    sampler = gpubuf.PrioritizedSliceSampler(capacity, 1.0, 1.0, slice_len=slice_len, traj_key="episode")
+    rb = _buffer(sampler, capacity)
+    stream = _transitions(_random_stream(14, 40, max_len=7))
+    at = 0
+    for n in (5, 7, 2, 11, 9, 4, 13):
+        rb.extend(stream[at : at + n])
+        at += n
+        rb.sample(2 * slice_len)
+        rb.update_priority(torch.arange(len(rb)), torch.rand(len(rb)) + 0.5)
+        valid = set(_valid_starts(_our_trajectories(sampler), slice_len, capacity))
+        in_tree = set((sampler.tree.values() > 0).nonzero().reshape(-1).tolist())
+        assert in_tree == valid
+        merged = sampler.tree.values() + sampler._held.values()
+        assert bool((merged[: len(rb)] > 0).all())
+    rb.dumps(tmp_path / "ckpt")
+    restored = _buffer(gpubuf.PrioritizedSliceSampler(capacity, 1.0, 1.0, slice_len=slice_len, traj_key="episode"), capacity)
+    restored.loads(tmp_path / "ckpt")
+    restored.sample(2 * slice_len)
+    assert torch.equal(restored.sampler.tree.values(), sampler.tree.values())
+    assert torch.equal(restored.sampler._held.values(), sampler._held.values())
