@@ -268,15 +268,17 @@ class EpisodeIndex:
         elig = _Eligible(length, c, t, dev)
         if self.written == 0:
             return elig
-        i = torch.arange(t, device=dev).unsqueeze(0)  # [1, T]
-        g = self.tail.unsqueeze(1) + i  # [C, T]
+        # Over the live trajectories only (one host read of their largest count per column).
+        span = int((self.head - self.tail + 1).max()) if c > 1 else int(self.head[0] - self.tail[0] + 1)
+        i = torch.arange(max(span, 0), device=dev).unsqueeze(0)  # [1, m]
+        g = self.tail.unsqueeze(1) + i  # [C, m]
         live = g <= self.head.unsqueeze(1)
-        cols = torch.arange(c, device=dev).unsqueeze(1).expand(c, t)
+        cols = torch.arange(c, device=dev).unsqueeze(1).expand_as(g)
         _, lens = self.lengths(cols, g)
         ok = live & (lens >= length)
         rank = ok.to(torch.int64).cumsum(1) - 1
         slot = torch.where(ok, rank, torch.full_like(rank, t))
-        elig.slots.scatter_(1, slot, g)
+        elig.slots.scatter_(1, slot, g.contiguous())
         elig.back = ok.sum(1)
         return elig
 

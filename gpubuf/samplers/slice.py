@@ -475,15 +475,16 @@ class SliceSampler(Sampler):
     ) -> tuple[tuple[torch.Tensor, ...], dict]:
         """Windows of ``seq_length`` in trajectories drawn with ``u_traj`` (or given as ``picked``)."""
         short = not self._has_eligible(index, seq_length)
-        any_short = short or not self._nonempty_equal(index, seq_length)
         if self.strict_length and short:
             raise self._no_trajectory(seq_length)
+        # Only without strict_length does a short trajectory change the output's shape.
+        any_short = not self.strict_length and (short or not self._nonempty_equal(index, seq_length))
         pool = seq_length if self.strict_length else 1
         if picked is None:
             col, start, length = index.draw(pool, u_traj)
         else:
             col, start, length = picked
-        ragged = (not self.strict_length and any_short) or any(self.span)
+        ragged = any_short or any(self.span)
         if not ragged:
             rel = (u_start * (length - seq_length + 1)).floor().to(torch.int64)
             first = start + rel
