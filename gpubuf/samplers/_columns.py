@@ -36,12 +36,22 @@ def _leaf(storage: Any, key: tuple) -> torch.Tensor | None:
     return None
 
 
+def _batch(items: Any) -> Any:
+    """What a list storage returns for several items (a list of TensorDicts), as one batch."""
+    if isinstance(items, list):
+        try:
+            return torch.stack(items)
+        except (RuntimeError, TypeError, ValueError):
+            return None
+    return items
+
+
 def has_key(storage: Any, key: tuple) -> bool:
     """Whether the rows of ``storage`` (already written to) carry entry ``key``."""
     if isinstance(storage, TensorStorage):
         return _leaf(storage, key) is not None
     try:
-        item = storage.get(torch.zeros(1, dtype=torch.long))
+        item = _batch(storage.get(torch.zeros(1, dtype=torch.long)))
     except (IndexError, KeyError, RuntimeError, TypeError, ValueError):
         return False
     getter = getattr(item, "get", None)
@@ -63,7 +73,7 @@ def read_key(storage: Any, key: tuple, index: tuple[torch.Tensor, ...]) -> torch
         return leaf[tuple(i.to(leaf.device) for i in index)]
     if isinstance(storage, TensorStorage):
         return None
-    data = storage.get(index if len(index) > 1 else index[0])
+    data = _batch(storage.get(index if len(index) > 1 else index[0]))
     getter = getattr(data, "get", None)
     return None if getter is None else getter(key, None)
 

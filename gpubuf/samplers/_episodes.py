@@ -81,6 +81,7 @@ class EpisodeIndex:
         self.tail = torch.zeros(c, dtype=torch.int64, device=dev)
         self.written = 0
         self._eligible = {}
+        self._fresh = True  # nothing written since the arrays were made
 
     # ------------------------------------------------------------------ queries
     @property
@@ -172,55 +173,68 @@ class EpisodeIndex:
         t = self.capacity
         breaks = breaks.to(self.device, torch.bool)
         if n >= t or self.written == 0:
+            # Nothing stored survives: start over, past the rows overwritten within this write.
             skipped = max(n - t, 0)
             written = self.written + skipped
-            kept = {length: None for length in self._eligible}
-            self._reset()
+            if not self._fresh:
+                self._reset()
+            self._eligible = {}  # rebuilt over the live trajectories when next asked for
             self.written = written
-            breaks = breaks[skipped:].clone()
-            breaks[0] = True
-            n = breaks.shape[0]
-            self._eligible = {length: _Eligible(length, self.columns, t, self.device) for length in kept}
+            breaks = breaks[skipped:]
+            if not bool(breaks[0].all()):
+                breaks = breaks.clone()
+                breaks[0] = True
         self._append(breaks)
 
     def _append(self, breaks: torch.Tensor) -> None:
         n, c = breaks.shape
         t, dev = self.capacity, self.device
+        fresh = self._fresh
+        self._fresh = False
         w0 = self.written
         w1 = w0 + n
         lower = max(w1 - t, 0)
-        cols = torch.arange(c, device=dev)
         head0, tail0 = self.head, self.tail
         ranks = breaks.to(torch.int64).cumsum(0)  # [n, C]
         new = ranks[-1]  # new trajectories per column
         times = torch.arange(w0, w1, device=dev, dtype=torch.int64)
 
-        # The old head keeps growing unless the first new row breaks; its stop is the row before
-        # the first break (or the last row written).
-        first_break = torch.where(new > 0, breaks.to(torch.int8).argmax(0).to(torch.int64), torch.full_like(new, n))
-        head_stop = w0 + first_break - 1
-        continues = ~breaks[0] & (head0 >= tail0)
+        if fresh:
+            tail1 = tail0
+            continues = torch.zeros_like(breaks[0])
+        else:
+            cols = torch.arange(c, device=dev)
+            # The old head keeps growing unless the first new row breaks; its stop is the row
+            # before the first break (or the last row written).
+            first_break = torch.where(
+                new > 0, breaks.to(torch.int8).argmax(0).to(torch.int64), torch.full_like(new, n)
+            )
+            head_stop = w0 + first_break - 1
+            continues = ~breaks[0] & (head0 >= tail0)
+            # Retirement, read before the new trajectories overwrite slots: a trajectory retires
+            # once its stop is older than the oldest live row. At most n retire (each loses a row).
+            window = tail0.unsqueeze(0) + torch.arange(n + 1, device=dev).unsqueeze(1)  # [n+1, C]
+            stops = self.stop[cols, window % t]
+            stops = torch.where(window == head0, head_stop.expand_as(window), stops)
+            retire = ((stops < lower) & (window <= head0)).sum(0)
+            tail1 = tail0 + retire
 
-        # Retirement, read before the new trajectories overwrite slots: a trajectory retires once
-        # its stop is older than the oldest live row. At most n retire (each loses a row).
-        window = tail0.unsqueeze(0) + torch.arange(n + 1, device=dev).unsqueeze(1)  # [n+1, C]
-        stops = self.stop[cols, window % t]
-        stops = torch.where(window == head0, head_stop.expand_as(window), stops)
-        retire = ((stops < lower) & (window <= head0)).sum(0)
-        tail1 = tail0 + retire
-
-        # New trajectories and the rows' trajectory numbers.
+        # New trajectories (a start at each break, a stop before each break and at the last
+        # row; masked entries go to the scratch slot T) and the rows' trajectory numbers.
         g_row = head0.unsqueeze(0) + ranks  # [n, C]
+        slot = g_row % t
         scratch = torch.full_like(g_row, t)
-        start_slot = torch.where(breaks, g_row % t, scratch)
-        self.start.scatter_(1, start_slot.T, times.unsqueeze(1).expand(n, c).T.contiguous())
+        stamps = times.unsqueeze(0).expand(c, n)
+        self.start.scatter_(1, torch.where(breaks, slot, scratch).T, stamps)
         ends = torch.cat([breaks[1:], torch.ones_like(breaks[:1])], 0)
-        stop_slot = torch.where(ends & (g_row >= 0), g_row % t, scratch)
-        self.stop.scatter_(1, stop_slot.T, times.unsqueeze(1).expand(n, c).T.contiguous())
-        rows = (times % t).unsqueeze(0).expand(c, n)
-        self.row_traj.scatter_(1, rows, g_row.T.contiguous())
-        head1 = head0 + new
-        self.head, self.tail, self.written = head1, tail1, w1
+        self.stop.scatter_(1, torch.where(ends & (g_row >= 0), slot, scratch).T, stamps)
+        # The rows written are contiguous in the ring: at most two slices.
+        first = w0 % t
+        split = min(n, t - first)
+        self.row_traj[:, first : first + split] = g_row[:split].T
+        if split < n:
+            self.row_traj[:, : n - split] = g_row[split:].T
+        self.head, self.tail, self.written = head0 + new, tail1, w1
 
         for elig in self._eligible.values():
             self._update_eligible(elig, breaks, g_row, head0, tail1, continues, lower)
@@ -311,4 +325,5 @@ class EpisodeIndex:
                 raise ValueError(f"episode index field {name!r} has shape {list(value.shape)}, expected [{index.columns}]")
             setattr(index, name, value.to(index.device, torch.int64).clone())
         index.written = int(state["written"])
+        index._fresh = index.written == 0
         return index

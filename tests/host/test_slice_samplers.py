@@ -465,3 +465,69 @@ def test_prioritized_exclusions_follow_writes_and_updates(tmp_path):
     restored.sample(2 * slice_len)
     assert torch.equal(restored.sampler.tree.values(), sampler.tree.values())
     assert torch.equal(restored.sampler._held.values(), sampler._held.values())
+
+
+# ---------------------------------------------------------------------- storages and buffers
+@pytest.mark.parametrize("kind", ["memmap", "list"])
+def test_other_storages_give_the_tensor_storage_draws(kind, tmp_path):
+    data = _transitions(_random_stream(15, 12, max_len=8))
+    storage = {
+        "memmap": lambda: gpubuf.LazyMemmapStorage(40, scratch_dir=tmp_path),
+        "list": lambda: gpubuf.ListStorage(40),
+    }[kind]
+    reference = _buffer(gpubuf.SliceSampler(slice_len=3, traj_key="episode"), 40, seed=16)
+    other = gpubuf.TensorDictReplayBuffer(
+        storage=storage(),
+        sampler=gpubuf.SliceSampler(slice_len=3, traj_key="episode"),
+        generator=torch.Generator().manual_seed(16),
+    )
+    for rb in (reference, other):
+        rb.extend(data[:30])
+        rb.extend(data[30:])
+    for _ in range(3):
+        a, b = reference.sample(12), other.sample(12)
+        assert torch.equal(a["obs"], b["obs"])
+        assert torch.equal(a["next", "truncated"], b["next", "truncated"])
+    assert _our_trajectories(reference.sampler) == _our_trajectories(other.sampler)
+
+
+def test_prefetch_returns_the_draws_of_a_plain_buffer():
+    data = _transitions(_random_stream(17, 20, max_len=9))
+
+    def make(prefetch):
+        return gpubuf.TensorDictReplayBuffer(
+            storage=gpubuf.LazyTensorStorage(60),
+            sampler=gpubuf.SliceSampler(num_slices=4, traj_key="episode"),
+            generator=torch.Generator().manual_seed(18),
+            batch_size=16,
+            prefetch=prefetch,
+        )
+
+    plain, ahead = make(None), make(2)
+    for rb in (plain, ahead):
+        rb.extend(data[:40])
+    assert torch.equal(plain.sample()["obs"], ahead.sample()["obs"])
+    for rb in (plain, ahead):
+        rb.extend(data[40:])  # drops the batches drawn ahead, and their draws
+    for _ in range(3):
+        assert torch.equal(plain.sample()["obs"], ahead.sample()["obs"])
+
+
+def test_tensordict_priority_update_from_a_sampled_batch():
+    capacity, slice_len = 40, 4
+    rb = gpubuf.TensorDictReplayBuffer(
+        storage=gpubuf.LazyTensorStorage(capacity),
+        sampler=gpubuf.PrioritizedSliceSampler(capacity, 1.0, 1.0, slice_len=slice_len, traj_key="episode"),
+        batch_size=3 * slice_len,
+    )
+    rb.extend(_transitions(_episodes([10, 12, 9])))
+    batch = rb.sample()
+    batch["td_error"] = torch.arange(batch.batch_size[0], dtype=torch.float) + 2.0
+    rb.update_tensordict_priority(batch)
+    rows = batch["index"].reshape(-1)
+    merged = rb.sampler.tree.values() + rb.sampler._held.values()
+    last = {}
+    for r, p in zip(rows.tolist(), batch["td_error"].tolist()):
+        last[r] = p  # the last priority given to a row wins
+    for r, p in last.items():
+        assert math.isclose(float(merged[r]), p + 1e-8, rel_tol=1e-6)
