@@ -537,3 +537,49 @@ def test_tensordict_priority_update_from_a_sampled_batch():
         last[r] = p  # the last priority given to a row wins
     for r, p in last.items():
         assert math.isclose(float(merged[r]), p + 1e-8, rel_tol=1e-6)
+
+
+@pytest.mark.gpu
+def test_cuda_storage_draws_match_the_cpu_index():
+    data = _transitions(_random_stream(19, 30, max_len=11))
+    cpu = _buffer(gpubuf.SliceSampler(num_slices=8, traj_key="episode"), 80)
+    cuda = gpubuf.TensorDictReplayBuffer(
+        storage=gpubuf.LazyTensorStorage(80, device="cuda"),
+        sampler=gpubuf.PrioritizedSliceSampler(80, 0.6, 0.4, num_slices=8, traj_key="episode"),
+    )
+    plain = gpubuf.TensorDictReplayBuffer(
+        storage=gpubuf.LazyTensorStorage(80, device="cuda"), sampler=gpubuf.SliceSampler(num_slices=8, traj_key="episode")
+    )
+    for rb in (cpu, cuda, plain):
+        rb.extend(data[:50])
+        rb.extend(data[50:])
+        rb.sample(32)
+    assert _our_trajectories(plain.sampler) == _our_trajectories(cpu.sampler)
+    valid = set(_valid_starts(_our_trajectories(cpu.sampler), 4, 80))
+    assert set((cuda.sampler.tree.values() > 0).nonzero().reshape(-1).tolist()) == valid
+    for rb in (cuda, plain):
+        batch = rb.sample(32)
+        assert batch.device.type == "cuda"
+        rows = batch["index"].reshape(8, 4)
+        assert ((rows - rows[:, :1]) % 80 == torch.arange(4, device="cuda")).all()
+        episodes = batch["episode"].reshape(8, 4)
+        assert (episodes == episodes[:, :1]).all()
+
+
+def test_ensemble_members_sample_slices():
+    members = [
+        gpubuf.TensorDictReplayBuffer(
+            storage=gpubuf.LazyTensorStorage(50), sampler=gpubuf.SliceSampler(slice_len=4, traj_key="episode")
+        )
+        for _ in range(2)
+    ]
+    for i, rb in enumerate(members):
+        rb.extend(_transitions(_random_stream(30 + i, 10, max_len=9) + 100 * i))
+    ensemble = gpubuf.ReplayBufferEnsemble(*members, batch_size=16, num_buffer_sampled=2)
+    batch = ensemble.sample()
+    assert batch.batch_size == (2, 8)
+    for chunk, member in zip(batch.unbind(0), batch["index", "buffer_ids"][:, 0].tolist()):
+        for one in chunk.reshape(2, 4).unbind(0):
+            assert one["episode"].unique().numel() == 1 and int(one["episode"][0]) // 100 == member
+            rows = one["index", "index"]
+            assert torch.equal((rows - rows[0]) % 50, torch.arange(4))
