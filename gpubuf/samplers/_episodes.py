@@ -119,15 +119,21 @@ class EpisodeIndex:
             uniforms: ``float64 [B]`` in ``[0, 1)`` on the index's device.
 
         Returns:
-            ``(col, start, length)``: int64 ``[B]`` column, absolute effective start time and
-            length of each pick. Undefined (but in range) when nothing is eligible: check
-            :meth:`count` first.
+            ``(col, start, length)``: int64 ``[B]`` column (None for a single column),
+            absolute effective start time and length of each pick. Undefined (but in range)
+            when nothing is eligible: check :meth:`count` first.
         """
         elig = self.eligible(length)
-        counts = elig.counts()
-        total = counts.sum()
-        k = (uniforms * total).floor().to(torch.int64)
-        k = torch.minimum(k, (total - 1).clamp_min(0))
+        if self.columns == 1:
+            # u < 1 in float64, so u * total < total and the cast (a floor for u >= 0) is a
+            # valid position: no clamp needed.
+            k = (uniforms * (elig.back - elig.front)).to(torch.int64)
+            t = self.capacity
+            slot = elig.slots[0][(k + elig.front) % t] % t
+            start = self.start[0][slot].clamp_min(self.lower)
+            return None, start, self.stop[0][slot] - start + 1
+        total = elig.counts().sum()
+        k = (uniforms * total).to(torch.int64)
         return self.pick(elig, k)
 
     def pick(self, elig: _Eligible, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

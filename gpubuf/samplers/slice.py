@@ -199,6 +199,7 @@ class SliceSampler(Sampler):
         self._last: torch.Tensor | None = None  # the newest row's id or end flag, per column
         self._nonempty: dict[int, bool] = {}  # per slice length, since the last write
         self._static = None
+        self._templates: dict = {}  # constant tensors of a draw's shape (offsets, marks)
         if static is not None:
             self._static = self._static_index(trajectories=trajectories, ends=ends)
 
@@ -486,12 +487,14 @@ class SliceSampler(Sampler):
             col, start, length = picked
         ragged = any_short or any(self.span)
         if not ragged:
-            rel = (u_start * (length - seq_length + 1)).floor().to(torch.int64)
-            first = start + rel
-            steps = first.unsqueeze(1) + torch.arange(seq_length, device=first.device)
+            # A start uniform among the length - L + 1 positions (the cast floors: u >= 0).
+            rel = (u_start * (length - (seq_length - 1))).to(torch.int64)
+            steps = (start + rel).unsqueeze(1) + self._offsets(seq_length, start.device)
             rows = (steps % index.capacity).reshape(-1)
-            cols = col.unsqueeze(1).expand(-1, seq_length).reshape(-1)
+            cols = None if col is None else col.unsqueeze(1).expand(-1, seq_length).reshape(-1)
             return self._finish(storage, index, rows, cols, num_slices, seq_length, None, None)
+        if col is None:
+            col = torch.zeros_like(start)
         seq = length.clamp_max(seq_length) if not self.strict_length else torch.full_like(length, seq_length)
         left, right = self.span
         if not right:
@@ -553,6 +556,8 @@ class SliceSampler(Sampler):
         if ndim == 1:
             out: tuple = (rows,)
         else:
+            if cols is None:
+                cols = torch.zeros_like(rows)
             _, _, shape = self._geometry(storage)
             coords = []
             rest = cols
@@ -563,12 +568,13 @@ class SliceSampler(Sampler):
         n = rows.shape[0]
         device = rows.device
         info: dict = {}
+        fixed = None
         if target is not None:
             starts = torch.arange(num_slices, device=device) * target
             lasts = starts + (seq - 1).clamp_min(0)
         elif isinstance(seq, int):
-            starts = torch.arange(num_slices, device=device) * seq
-            lasts = starts + seq - 1
+            fixed = self._marks(num_slices, seq, device)
+            starts = fixed[1]
         else:
             ends = seq.cumsum(0)
             starts, lasts = ends - seq, ends - 1
@@ -576,8 +582,11 @@ class SliceSampler(Sampler):
             truncated_key = as_key(self.truncated_key)
             done_key = _replace_last(truncated_key, "done")
             terminated_key = _replace_last(truncated_key, "terminated")
-            truncated = torch.zeros((n, 1), dtype=torch.bool, device=device)
-            truncated[lasts] = True
+            if fixed is not None:
+                truncated = fixed[0].clone()
+            else:
+                truncated = torch.zeros((n, 1), dtype=torch.bool, device=device)
+                truncated[lasts] = True
             done = read_key(storage, done_key, out)
             done = truncated.clone() if done is None else done.to(device) | truncated
             terminated = read_key(storage, terminated_key, out)
@@ -595,6 +604,26 @@ class SliceSampler(Sampler):
                 marker[starts] = True
                 info[_out_key(init_key)] = marker | stored.to(device)
         return out, info
+
+    def _offsets(self, seq_length: int, device: torch.device) -> torch.Tensor:
+        """``arange(seq_length)`` on ``device``, kept between draws."""
+        key = ("offsets", seq_length, device)
+        found = self._templates.get(key)
+        if found is None:
+            found = self._templates[key] = torch.arange(seq_length, device=device)
+        return found
+
+    def _marks(self, num_slices: int, seq_length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """For slices of one length: the truncation column (``[N, 1]``, True at each slice's last
+        step; copy before handing out) and each slice's first position, kept between draws."""
+        key = ("marks", num_slices, seq_length, device)
+        found = self._templates.get(key)
+        if found is None:
+            truncated = torch.zeros((num_slices, seq_length), dtype=torch.bool, device=device)
+            truncated[:, -1] = True
+            starts = torch.arange(num_slices, device=device) * seq_length
+            found = self._templates[key] = (truncated.reshape(-1, 1), starts)
+        return found
 
     # ------------------------------------------------------------------ state
     def _prefetch_state(self) -> None:

@@ -336,6 +336,13 @@ def test_checkpoint_round_trip_keeps_boundaries_and_draws(tmp_path):
     rb.extend(more)
     restored.extend(more)
     assert torch.equal(restored.sample(8)["obs"], rb.sample(8)["obs"])
+    # Writes not yet read by a draw travel with the checkpoint.
+    rb.extend(_transitions(_random_stream(10, 3), offset=950))
+    rb.dumps(tmp_path / "ckpt2")
+    again = make()
+    again.loads(tmp_path / "ckpt2")
+    assert torch.equal(again.sample(8)["obs"], rb.sample(8)["obs"])
+    assert _our_trajectories(again.sampler) == _our_trajectories(rb.sampler)
 
 
 # ---------------------------------------------------------------------- bad input
@@ -392,9 +399,8 @@ def _valid_starts(trajectories: set, slice_len: int, capacity: int, strict: bool
     rows = []
     for _, s, n in trajectories:
         last = n - (slice_len - 1)  # positions 0..last-1 can start a full slice
-        first = 0 if strict else 0
-        count = max(last, 0) if strict else max(last, 1)
-        rows += [(s + r) % capacity for r in range(first, count)]
+        count = max(last, 0) if strict else max(last, 1)  # without strict_length, the first step always can
+        rows += [(s + r) % capacity for r in range(count)]
     return rows
 
 
@@ -449,10 +455,18 @@ def test_prioritized_starts_and_weights_match_torchrl(wrap):
         assert stat < df + 6 * math.sqrt(2 * df), (stat, df)
 
 
-def test_prioritized_exclusions_follow_writes_and_updates(tmp_path):
+@pytest.mark.parametrize("strict", [True, False])
+def test_prioritized_exclusions_follow_writes_and_updates(tmp_path, strict):
     capacity, slice_len = 30, 3
-    sampler = gpubuf.PrioritizedSliceSampler(capacity, 1.0, 1.0, slice_len=slice_len, traj_key="episode")
-    rb = _buffer(sampler, capacity)
+
+    def make():
+        sampler = gpubuf.PrioritizedSliceSampler(
+            capacity, 1.0, 1.0, slice_len=slice_len, traj_key="episode", strict_length=strict
+        )
+        return _buffer(sampler, capacity)
+
+    rb = make()
+    sampler = rb.sampler
     stream = _transitions(_random_stream(14, 40, max_len=7))
     at = 0
     for n in (5, 7, 2, 11, 9, 4, 13):
@@ -460,13 +474,23 @@ def test_prioritized_exclusions_follow_writes_and_updates(tmp_path):
         at += n
         rb.sample(2 * slice_len)
         rb.update_priority(torch.arange(len(rb)), torch.rand(len(rb)) + 0.5)
-        valid = set(_valid_starts(_our_trajectories(sampler), slice_len, capacity))
+        valid = set(_valid_starts(_our_trajectories(sampler), slice_len, capacity, strict))
         in_tree = set((sampler.tree.values() > 0).nonzero().reshape(-1).tolist())
         assert in_tree == valid
         merged = sampler.tree.values() + sampler._held.values()
         assert bool((merged[: len(rb)] > 0).all())
+        batch = rb.sample(4 * slice_len)
+        ends = batch["next", "truncated"].reshape(-1).nonzero().reshape(-1).tolist()
+        assert len(ends) == 4
+        begin = 0
+        for end in ends:
+            one = batch[begin : end + 1]
+            assert one["episode"].unique().numel() == 1
+            assert torch.equal((one["index"].reshape(-1) - one["index"][0]) % capacity, torch.arange(end + 1 - begin))
+            assert int(one["index"][0]) in valid
+            begin = end + 1
     rb.dumps(tmp_path / "ckpt")
-    restored = _buffer(gpubuf.PrioritizedSliceSampler(capacity, 1.0, 1.0, slice_len=slice_len, traj_key="episode"), capacity)
+    restored = make()
     restored.loads(tmp_path / "ckpt")
     restored.sample(2 * slice_len)
     assert torch.equal(restored.sampler.tree.values(), sampler.tree.values())
