@@ -607,3 +607,29 @@ def test_ensemble_members_sample_slices():
             assert one["episode"].unique().numel() == 1 and int(one["episode"][0]) // 100 == member
             rows = one["index", "index"]
             assert torch.equal((rows - rows[0]) % 50, torch.arange(4))
+
+
+def test_boundary_source_detection_and_optional_info_entries():
+    data = _transitions(_episodes([4, 6, 5]))
+    rb = _buffer(gpubuf.SliceSampler(slice_len=2), 30)  # neither key: "episode" is found
+    rb.extend(data)
+    rb.sample(4)
+    assert rb.sampler._source == ("traj", ("episode",))
+    collector = data.clone()
+    collector["collector", "traj_ids"] = collector["episode"] + 7
+    rb = _buffer(gpubuf.SliceSampler(slice_len=2), 30)
+    rb.extend(collector)
+    rb.sample(4)
+    assert rb.sampler._source == ("traj", ("collector", "traj_ids"))
+    bare = data.exclude("episode")
+    rb = _buffer(gpubuf.SliceSampler(slice_len=2), 30)
+    rb.extend(bare)
+    rb.sample(4)
+    assert rb.sampler._source == ("end", (("next", "done"),))
+
+    rb = _buffer(gpubuf.SliceSampler(slice_len=2, traj_key="episode", truncated_key=None, init_key=None), 30)
+    rb.extend(data)
+    batch, info = rb.sample(8, return_info=True)
+    assert set(info) == {"index"}
+    assert ("next", "truncated") not in batch.keys(True)
+    assert torch.equal(batch["is_init"], rb.storage._storage["is_init"][batch["index"].reshape(-1)])
