@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import torch
 
+from gpubuf.ops.slice_windows import slice_windows
+
 __all__ = ["EpisodeIndex"]
 
 
@@ -135,6 +137,15 @@ class EpisodeIndex:
         total = elig.counts().sum()
         k = (uniforms * total).to(torch.int64)
         return self.pick(elig, k)
+
+    def windows(self, pool: int, length: int, uniforms: torch.Tensor) -> torch.Tensor:
+        """Rows of ``S = uniforms.numel() // 2`` windows of ``length`` steps in trajectories drawn
+        among those at least ``pool`` long (one column only): see :func:`slice_windows`."""
+        elig = self.eligible(pool)
+        return slice_windows(
+            elig.slots[0], self.start[0], self.stop[0], elig.front, elig.back - elig.front, uniforms,
+            self.lower, self.capacity, length,
+        )
 
     def pick(self, elig: _Eligible, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The ``k``-th eligible trajectories (column by column, oldest first within a column)."""

@@ -462,7 +462,7 @@ class SliceSampler(Sampler):
         """
         index, seq_length, num_slices = self._prepare(storage, batch_size)
         u = self._draw_uniforms(2 * num_slices, index.device)
-        return self._slices(storage, index, seq_length, num_slices, u[:num_slices], u[num_slices:], None)
+        return self._slices(storage, index, seq_length, num_slices, u, None)
 
     def _slices(
         self,
@@ -470,22 +470,27 @@ class SliceSampler(Sampler):
         index: EpisodeIndex,
         seq_length: int,
         num_slices: int,
-        u_traj: torch.Tensor | None,
-        u_start: torch.Tensor,
+        u: torch.Tensor,
         picked: tuple | None,
     ) -> tuple[tuple[torch.Tensor, ...], dict]:
-        """Windows of ``seq_length`` in trajectories drawn with ``u_traj`` (or given as ``picked``)."""
+        """Windows of ``seq_length`` in trajectories drawn with the first half of ``u`` (or given
+        as ``picked``), starting where the second half says."""
         short = not self._has_eligible(index, seq_length)
         if self.strict_length and short:
             raise self._no_trajectory(seq_length)
         # Only without strict_length does a short trajectory change the output's shape.
         any_short = not self.strict_length and (short or not self._nonempty_equal(index, seq_length))
         pool = seq_length if self.strict_length else 1
+        ragged = any_short or any(self.span)
+        if not ragged and picked is None and index.columns == 1:
+            # The common case: one launch (or compiled loop) draws and lists every window.
+            rows = index.windows(pool, seq_length, u)
+            return self._finish(storage, index, rows, None, num_slices, seq_length, None, None)
+        u_traj, u_start = u[:num_slices], u[num_slices:]
         if picked is None:
             col, start, length = index.draw(pool, u_traj)
         else:
             col, start, length = picked
-        ragged = any_short or any(self.span)
         if not ragged:
             # A start uniform among the length - L + 1 positions (the cast floors: u >= 0).
             rel = (u_start * (length - (seq_length - 1))).to(torch.int64)
