@@ -21,7 +21,10 @@ column, a subsequence of the live ones that also only grows at the head and shri
 trajectory is one lookup and a draw of ``B`` slices is ``O(B)`` work, whatever the storage size.
 
 Every update is a fixed sequence of vectorized torch ops whose sizes depend only on the number
-of rows written (no ``nonzero``, no host synchronisation), on the storage's device.
+of rows written (no ``nonzero``), on the storage's device; the host reads a device value only
+when the index starts over (a first write, or one longer than the storage) and when the list of
+a new slice length is built. :meth:`EpisodeIndex.windows` draws a batch of windows through
+:func:`~gpubuf.ops.slice_windows.slice_windows` (one launch on CUDA).
 """
 
 from __future__ import annotations
