@@ -234,9 +234,17 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         cols = torch.arange(columns, device=index.device).repeat(row.shape[0])
         self._refresh(index, cols, row.repeat_interleave(columns), length)
 
-    def _rebuild(self, storage: Any, capacity: int, columns: int, shape: tuple, device: torch.device) -> EpisodeIndex:
+    def _rebuild(
+        self,
+        storage: Any,
+        capacity: int,
+        columns: int,
+        shape: tuple,
+        device: torch.device,
+        newest: int | None = None,
+    ) -> EpisodeIndex:
         self._excluded_for = None  # every exclusion is set anew at the next draw
-        return SliceSampler._rebuild(self, storage, capacity, columns, shape, device)
+        return SliceSampler._rebuild(self, storage, capacity, columns, shape, device, newest)
 
     # ------------------------------------------------------------------ sampling
     def sample(self, storage: Any, batch_size: int) -> tuple[tuple[torch.Tensor, ...], dict]:
@@ -302,7 +310,8 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restores :meth:`state_dict`; which steps are held aside is worked out at the next draw."""
         PrioritizedSampler.load_state_dict(self, state_dict)
-        SliceSampler.load_state_dict(self, state_dict["_slices"])
+        # A prioritized sampler's state alone (TorchRL's has no boundaries): read them at the next draw.
+        SliceSampler.load_state_dict(self, state_dict.get("_slices", {}))
         self._held = SumTree(self._max_capacity, dtype=self.dtype, device=self._tree.device)
         self._excluded = torch.zeros(self._max_capacity, dtype=torch.bool, device=self._tree.device)
         self._excluded_for = None

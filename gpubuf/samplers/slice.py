@@ -332,13 +332,14 @@ class SliceSampler(Sampler):
             self._nonempty = {}
         if self._pending:
             rows = torch.cat([self._time_rows(p, columns) for p in self._pending]).to(device)
-            self._pending = []
             if rows.device.type == "cpu":
-                expected = (index.written + torch.arange(rows.shape[0])) % capacity
-                if not torch.equal(rows, expected):
-                    # Not a round-robin continuation (another writer, a direct write): read everything.
-                    return self._rebuild(storage, capacity, columns, shape, device)
-            self._feed(storage, index, rows, columns, shape)
+                n = rows.shape[0]
+                if int(rows[0]) != index.written % capacity or int(rows[-1]) != (index.written + n - 1) % capacity:
+                    # Not a round-robin continuation (another writer, a direct write): read everything,
+                    # the last row written being the newest.
+                    return self._rebuild(storage, capacity, columns, shape, device, newest=int(rows[-1]))
+            self._feed(storage, index, rows, columns, shape)  # raises before changing anything
+            self._pending = []
             self._nonempty = {}
         if index.size * columns != len(storage):
             return self._rebuild(storage, capacity, columns, shape, device)
@@ -364,8 +365,17 @@ class SliceSampler(Sampler):
         index.append(breaks)
         self._last = signal[-1].clone()
 
-    def _rebuild(self, storage: Any, capacity: int, columns: int, shape: tuple, device: torch.device) -> EpisodeIndex:
-        """Reads the boundaries of every stored row (a new storage, or writes the sampler did not see)."""
+    def _rebuild(
+        self,
+        storage: Any,
+        capacity: int,
+        columns: int,
+        shape: tuple,
+        device: torch.device,
+        newest: int | None = None,
+    ) -> EpisodeIndex:
+        """Reads the boundaries of every stored row (a new storage, or writes the sampler did not
+        follow). In a full storage the row after ``newest`` is the oldest (row 0 when unknown)."""
         self._pending = []
         self._last = None
         self._nonempty = {}
@@ -376,8 +386,9 @@ class SliceSampler(Sampler):
         if size < capacity:
             rows = torch.arange(size, device=device)
         else:
-            # A full storage: without a known cursor, the oldest row is row 0.
-            rows = torch.arange(capacity, device=device)
+            oldest = 0 if newest is None else (newest + 1) % capacity
+            index.written = oldest  # so that absolute times land on their physical rows
+            rows = (oldest + torch.arange(capacity, device=device)) % capacity
         self._feed(storage, index, rows, columns, shape)
         return index
 

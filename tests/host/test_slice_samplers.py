@@ -124,6 +124,10 @@ def test_boundaries_match_torchrl_after_every_write(source):
         # TorchRL's own sampler sees the same trajectories.
         start, _, lengths = torchrl_rb.sampler._get_stop_and_length(torchrl_rb.storage)
         assert {(0, int(s), int(n)) for s, n in zip(start[:, 0], lengths)} == expected
+    # Reading everything again (what a write the sampler did not follow leads to) gives the same.
+    incremental = _our_trajectories(sampler)
+    sampler._rebuild(rb.storage, capacity, 1, (), torch.device("cpu"), newest=cursor)
+    assert _our_trajectories(sampler) == incremental
 
 
 def test_boundaries_ndim2_match_torchrl():
