@@ -216,6 +216,9 @@ class EpisodeIndex:
         lower = max(w1 - t, 0)
         head0, tail0 = self.head, self.tail
         ranks = breaks.to(torch.int64).cumsum(0)  # [n, C]
+        if fresh and c == 1:
+            self._fill_one_column(breaks[:, 0], ranks[:, 0])
+            return
         new = ranks[-1]  # new trajectories per column
         times = torch.arange(w0, w1, device=dev, dtype=torch.int64)
 
@@ -258,6 +261,26 @@ class EpisodeIndex:
 
         for elig in self._eligible.values():
             self._update_eligible(elig, breaks, g_row, head0, tail1, continues, lower)
+
+    def _fill_one_column(self, breaks: torch.Tensor, ranks: torch.Tensor) -> None:
+        """A first fill of one column (trajectories ``0..m-1`` at slots ``0..m-1``): the same
+        state as the general update, from the breaks' positions (one ``nonzero``, a host read),
+        in a handful of passes over the rows (large fills: a dataset loaded at once)."""
+        n, t = breaks.shape[0], self.capacity
+        w0 = self.written
+        starts = breaks.nonzero().squeeze(1) + w0
+        m = starts.shape[0]
+        self.start[0, :m] = starts
+        self.stop[0, : m - 1] = starts[1:] - 1
+        self.stop[0, m - 1] = w0 + n - 1
+        g_row = ranks - 1
+        first = w0 % t
+        split = min(n, t - first)
+        self.row_traj[0, first : first + split] = g_row[:split]
+        if split < n:
+            self.row_traj[0, : n - split] = g_row[split:]
+        self.head = torch.full_like(self.head, m - 1)
+        self.written = w0 + n
 
     def _update_eligible(
         self,

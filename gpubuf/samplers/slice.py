@@ -331,7 +331,8 @@ class SliceSampler(Sampler):
             self._last = None
             self._nonempty = {}
         if self._pending:
-            rows = torch.cat([self._time_rows(p, columns) for p in self._pending]).to(device)
+            parts = [self._time_rows(p, columns) for p in self._pending]
+            rows = (parts[0] if len(parts) == 1 else torch.cat(parts)).to(device)
             if rows.device.type == "cpu":
                 n = rows.shape[0]
                 if int(rows[0]) != index.written % capacity or int(rows[-1]) != (index.written + n - 1) % capacity:
