@@ -110,8 +110,8 @@ class SliceSampler(Sampler):
         step_key, fragmented: accepted; ``fragmented=True`` is not supported.
 
     Storages:
-        Any storage written round robin (the default writer): tensor, memmap, spill and list
-        storages. For ``ndim >= 2`` the trajectories run along dim 0 within each column of the
+        Any storage written round robin (the default writer). Tensor and memmap storages are
+        read one boundary entry at a time; others (list storages) through ``storage.get``. For ``ndim >= 2`` the trajectories run along dim 0 within each column of the
         other dims (TorchRL's layout), and indices are returned per dim. The newest row ends a
         trajectory (the write cursor truncates it), and once the storage is full a trajectory
         continues from the last row to row 0.
