@@ -25,11 +25,14 @@ from gpubuf.checkpoint import (
 )
 from gpubuf.samplers import (
     PrioritizedSampler,
+    PrioritizedSliceSampler,
     RandomSampler,
     Sampler,
     SamplerEnsemble,
     SamplerWithoutReplacement,
     SharedPrioritizedSampler,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
 )
 from gpubuf.data import RewardData
 from gpubuf.storages import (
@@ -91,7 +94,10 @@ __all__ = [
     "RandomSampler",
     "SamplerWithoutReplacement",
     "PrioritizedSampler",
+    "PrioritizedSliceSampler",
     "SharedPrioritizedSampler",
+    "SliceSampler",
+    "SliceSamplerWithoutReplacement",
     "Writer",
     "RoundRobinWriter",
     "TensorDictRoundRobinWriter",

@@ -36,6 +36,9 @@ __all__ = [
     "ImmutableStorageError",
     "EnsembleBatchSizeError",
     "CorruptRowError",
+    "SliceArgumentError",
+    "TrajectoryKeyError",
+    "TrajectoryLengthError",
 ]
 
 
@@ -151,3 +154,24 @@ class CorruptRowError(GpubufError, ValueError):
     def __init__(self, message: str, rows: list[int] | None = None) -> None:
         super().__init__(message)
         self.rows = list(rows or [])
+
+
+# ------------------------------------------------------------------ slice samplers
+class SliceArgumentError(GpubufError, TypeError, ValueError, RuntimeError):
+    """Slice sampler arguments that do not fit together: both or neither of ``num_slices`` and
+    ``slice_len``, a non-positive one, exclusive boundary sources given together, or
+    ``pad_output`` with ``strict_length``. TorchRL raises a ``TypeError``, ``RuntimeError`` or
+    ``ValueError`` for these depending on the case; this class is all three."""
+
+
+class TrajectoryKeyError(SchemaMismatchError, KeyError):
+    """The storage holds none of the entries a slice sampler reads trajectory boundaries from
+    (``traj_key``, ``end_key`` / ``end_keys``); a ``KeyError`` too."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class TrajectoryLengthError(GpubufError, RuntimeError):
+    """No stored trajectory is long enough for the slices asked for (``strict_length=True``),
+    a ``RuntimeError`` as in TorchRL."""

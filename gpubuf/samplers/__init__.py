@@ -3,7 +3,9 @@
 from gpubuf.samplers.base import Sampler
 from gpubuf.samplers.ensemble import SamplerEnsemble
 from gpubuf.samplers.prioritized import PrioritizedSampler
+from gpubuf.samplers.prioritized_slice import PrioritizedSliceSampler
 from gpubuf.samplers.shared import SharedPrioritizedSampler
 from gpubuf.samplers.random import RandomSampler, SamplerWithoutReplacement
+from gpubuf.samplers.slice import SliceSampler, SliceSamplerWithoutReplacement
 
-__all__ = ["Sampler", "RandomSampler", "SamplerWithoutReplacement", "PrioritizedSampler", "SharedPrioritizedSampler", "SamplerEnsemble"]
+__all__ = ["Sampler", "RandomSampler", "SamplerWithoutReplacement", "PrioritizedSampler", "SharedPrioritizedSampler", "SamplerEnsemble", "SliceSampler", "SliceSamplerWithoutReplacement", "PrioritizedSliceSampler"]

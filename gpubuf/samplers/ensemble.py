@@ -122,7 +122,8 @@ class SamplerEnsemble(Sampler):
                 raise EmptyBufferError(f"member {member} of the ensemble is empty: extend it before sampling")
             index, info = self._samplers[member].sample(members[member], chunk * len(positions))
             if isinstance(index, tuple):
-                index = torch.stack(index, -1)
+                # Per-dim indices (ndim > 1) as coordinates; a slice sampler's 1-tuple as rows.
+                index = index[0] if len(index) == 1 else torch.stack(index, -1)
             for j, pos in enumerate(positions):
                 indices[pos] = index[j * chunk : (j + 1) * chunk].cpu()
                 infos[pos] = {

@@ -243,8 +243,14 @@ class Layout:
             source = dict(zip(self._flat_names, leaves))
         else:
             source = self._nest(leaves)
-        if extra:
-            source.update(extra)
+        for key, value in (extra or {}).items():
+            # A nested key (a slice sampler's ("next", "truncated")) goes under its parents.
+            node = source
+            if isinstance(key, tuple):
+                for parent in key[:-1]:
+                    node = node.setdefault(parent, {})
+                key = key[-1]
+            node[key] = value
         td = TensorDict._new_unsafe(source=source, batch_size=batch_size, device=device)
         if self.kind == "tensorclass":
             return self.container_cls._from_tensordict(td)

@@ -7,7 +7,7 @@ stays opt-in, so these are what every launch uses unless a caller overrides them
 
 from __future__ import annotations
 
-__all__ = ["GATHER_ROWS", "SUMTREE"]
+__all__ = ["GATHER_ROWS", "SUMTREE", "SLICE_WINDOWS"]
 
 # Row gather (gather.py). A program copies a tile of BLOCK_ROWS output rows by BLOCK_BYTES bytes
 # of one source per inner-loop step, so one step moves up to BLOCK_ROWS * BLOCK_BYTES bytes
@@ -32,5 +32,14 @@ SUMTREE = {
     "LEAF_BLOCK": 256,
     "REFRESH_BLOCK": 64,
     "SAMPLE_BLOCK": 64,
+    "num_warps": 4,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Slice windows (slice.py). A program draws BLOCK slices and writes their [BLOCK, next_pow2(L)]
+# window rows; a batch of 32 slices of 32 steps is one program.
+SLICE_WINDOWS = {
+    "BLOCK": 32,
     "num_warps": 4,
 }

@@ -1,0 +1,372 @@
+"""Trajectory boundaries of a ring storage, kept up to date as rows are written.
+
+A storage of time capacity ``T`` and ``C`` columns (``C = 1`` for a storage of ``ndim == 1``,
+the size of dim 1 for ``ndim == 2``) is written one time row at a time, round robin: the row
+written at absolute time ``tau`` (the number of time rows written before it) lives at physical
+row ``tau % T``, and the live rows are the last ``min(W, T)`` written (``W`` written in all).
+
+In each column the live rows split into trajectories, contiguous in time. A new trajectory
+starts at a row whose predecessor in time ended one (a ``done`` flag, or a change of trajectory
+id) and at the oldest live row; the newest row always ends one (TorchRL's rule: the write
+cursor truncates). Trajectories are numbered ``g = 0, 1, ...`` per column in the order they
+start, so the live ones are ``g`` in ``[tail, head]`` and a ring of ``T`` slots (slot ``g % T``)
+holds their absolute start and stop times. A write of ``n`` rows touches ``O(n)`` slots: it
+extends the newest trajectory or starts new ones at the head, and retires or trims the oldest
+at the tail.
+
+For a slice length ``L``, the trajectories at least ``L`` long (the eligible ones) form, per
+column, a subsequence of the live ones that also only grows at the head and shrinks at the tail
+(a trajectory's length changes only while it is the newest, growing, or the oldest, trimmed).
+:class:`_Eligible` keeps it as a ring deque of trajectory numbers, so the ``k``-th eligible
+trajectory is one lookup and a draw of ``B`` slices is ``O(B)`` work, whatever the storage size.
+
+Every update is a fixed sequence of vectorized torch ops whose sizes depend only on the number
+of rows written (no ``nonzero``), on the storage's device; the host reads a device value only
+when the index starts over (a first write, or one longer than the storage) and when the list of
+a new slice length is built. :meth:`EpisodeIndex.windows` draws a batch of windows through
+:func:`~gpubuf.ops.slice_windows.slice_windows` (one launch on CUDA).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gpubuf.ops.slice_windows import slice_windows
+
+__all__ = ["EpisodeIndex"]
+
+
+class _Eligible:
+    """The trajectories at least ``length`` long, per column, as ring deques of trajectory numbers.
+
+    ``slots[c, i % T]`` for ``i`` in ``[front[c], back[c])`` holds the numbers in increasing
+    order; column ``T`` of ``slots`` is scratch space for masked scatters.
+    """
+
+    def __init__(self, length: int, columns: int, capacity: int, device: torch.device) -> None:
+        self.length = length
+        self.slots = torch.zeros(columns, capacity + 1, dtype=torch.int64, device=device)
+        self.front = torch.zeros(columns, dtype=torch.int64, device=device)
+        self.back = torch.zeros(columns, dtype=torch.int64, device=device)
+
+    def counts(self) -> torch.Tensor:
+        return self.back - self.front
+
+
+class EpisodeIndex:
+    """Trajectory boundaries of a ring storage of ``capacity`` time rows and ``columns`` columns.
+
+    Args:
+        capacity: ``T``, the number of time rows (dim 0 of the storage).
+        columns: ``C``, the number of columns (1 for ``ndim == 1``).
+        device: where the index lives (the storage's device).
+
+    State (all int64, on ``device``):
+        ``start``, ``stop``: ``[C, T + 1]``, absolute start and stop (inclusive) time of
+        trajectory ``g`` at slot ``g % T``; slot ``T`` is scratch. ``head``, ``tail``: ``[C]``,
+        the newest and oldest live trajectory numbers (``head = tail - 1`` when empty).
+        ``row_traj``: ``[C, T + 1]``, the trajectory number of the trajectory holding each
+        physical row. ``written``: ``W``, a Python int.
+    """
+
+    def __init__(self, capacity: int, columns: int, device: torch.device | str) -> None:
+        self.capacity = int(capacity)
+        self.columns = int(columns)
+        self.device = torch.device(device)
+        self.written = 0
+        self._eligible: dict[int, _Eligible] = {}
+        self._reset()
+
+    def _reset(self) -> None:
+        c, t, dev = self.columns, self.capacity, self.device
+        self.start = torch.zeros(c, t + 1, dtype=torch.int64, device=dev)
+        self.stop = torch.zeros(c, t + 1, dtype=torch.int64, device=dev)
+        self.row_traj = torch.zeros(c, t + 1, dtype=torch.int64, device=dev)
+        self.head = torch.full((c,), -1, dtype=torch.int64, device=dev)
+        self.tail = torch.zeros(c, dtype=torch.int64, device=dev)
+        self.written = 0
+        self._eligible = {}
+        self._fresh = True  # nothing written since the arrays were made
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def size(self) -> int:
+        """Live time rows: ``min(W, T)``."""
+        return min(self.written, self.capacity)
+
+    @property
+    def lower(self) -> int:
+        """The absolute time of the oldest live row."""
+        return max(self.written - self.capacity, 0)
+
+    def lengths(self, col: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Effective ``(start, length)`` of live trajectories ``g`` of columns ``col`` (absolute times)."""
+        slot = g % self.capacity
+        start = self.start[col, slot].clamp_min(self.lower)
+        return start, self.stop[col, slot] - start + 1
+
+    def eligible(self, length: int) -> _Eligible:
+        """The deque of trajectories at least ``length`` long, built on first use (``O(T * C)``)."""
+        found = self._eligible.get(length)
+        if found is None:
+            found = self._eligible[length] = self._build_eligible(length)
+        return found
+
+    def count(self, length: int) -> torch.Tensor:
+        """The number of trajectories at least ``length`` long (a 0-d tensor)."""
+        return self.eligible(length).counts().sum()
+
+    def draw(self, length: int, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Picks one eligible trajectory per uniform, each with probability 1 / (their number).
+
+        Args:
+            length: the minimum trajectory length.
+            uniforms: ``float64 [B]`` in ``[0, 1)`` on the index's device.
+
+        Returns:
+            ``(col, start, length)``: int64 ``[B]`` column (None for a single column),
+            absolute effective start time and length of each pick. Undefined (but in range)
+            when nothing is eligible: check :meth:`count` first.
+        """
+        elig = self.eligible(length)
+        if self.columns == 1:
+            # u < 1 in float64, so u * total < total and the cast (a floor for u >= 0) is a
+            # valid position: no clamp needed.
+            k = (uniforms * (elig.back - elig.front)).to(torch.int64)
+            t = self.capacity
+            slot = elig.slots[0][(k + elig.front) % t] % t
+            start = self.start[0][slot].clamp_min(self.lower)
+            return None, start, self.stop[0][slot] - start + 1
+        total = elig.counts().sum()
+        k = (uniforms * total).to(torch.int64)
+        return self.pick(elig, k)
+
+    def windows(self, pool: int, length: int, uniforms: torch.Tensor) -> torch.Tensor:
+        """Rows of ``S = uniforms.numel() // 2`` windows of ``length`` steps in trajectories drawn
+        among those at least ``pool`` long (one column only): see :func:`slice_windows`."""
+        elig = self.eligible(pool)
+        return slice_windows(
+            elig.slots[0], self.start[0], self.stop[0], elig.front, elig.back - elig.front, uniforms,
+            self.lower, self.capacity, length,
+        )
+
+    def pick(self, elig: _Eligible, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The ``k``-th eligible trajectories (column by column, oldest first within a column)."""
+        t = self.capacity
+        if self.columns == 1:
+            col = torch.zeros_like(k)
+            local = k
+        else:
+            counts = elig.counts()
+            ends = counts.cumsum(0)
+            col = torch.searchsorted(ends, k, right=True).clamp_max(self.columns - 1)
+            local = k - (ends - counts)[col]
+        g = elig.slots[col, (elig.front[col] + local) % t]
+        start, length = self.lengths(col, g)
+        return col, start, length
+
+    def trajectory_of(self, col: torch.Tensor, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Effective ``(start, stop)`` absolute times of the trajectory holding physical ``row`` of ``col``."""
+        g = self.row_traj[col, row]
+        start, length = self.lengths(col, g)
+        return start, start + length - 1
+
+    def absolute(self, row: torch.Tensor) -> torch.Tensor:
+        """The absolute time of live physical rows ``row``."""
+        t, w = self.capacity, self.written
+        return w - 1 - (w - 1 - row) % t
+
+    # ------------------------------------------------------------------ updates
+    def append(self, breaks: torch.Tensor) -> None:
+        """Records ``n`` new time rows.
+
+        Args:
+            breaks: bool ``[n, C]`` on the index's device: ``breaks[j, c]`` is True where row
+                ``j`` of column ``c`` starts a new trajectory (its predecessor ended one).
+                Ignored for the first row ever written, which always starts one. When ``n`` is
+                more than ``T``, only the last ``T`` rows are kept, the first of them starting
+                a trajectory.
+        """
+        n = breaks.shape[0]
+        if n == 0:
+            return
+        t = self.capacity
+        breaks = breaks.to(self.device, torch.bool)
+        if n >= t or self.written == 0:
+            # Nothing stored survives: start over, past the rows overwritten within this write.
+            skipped = max(n - t, 0)
+            written = self.written + skipped
+            if not self._fresh:
+                self._reset()
+            self._eligible = {}  # rebuilt over the live trajectories when next asked for
+            self.written = written
+            breaks = breaks[skipped:]
+            if not bool(breaks[0].all()):
+                breaks = breaks.clone()
+                breaks[0] = True
+        self._append(breaks)
+
+    def _append(self, breaks: torch.Tensor) -> None:
+        n, c = breaks.shape
+        t, dev = self.capacity, self.device
+        fresh = self._fresh
+        self._fresh = False
+        w0 = self.written
+        w1 = w0 + n
+        lower = max(w1 - t, 0)
+        head0, tail0 = self.head, self.tail
+        ranks = breaks.to(torch.int64).cumsum(0)  # [n, C]
+        if fresh and c == 1:
+            self._fill_one_column(breaks[:, 0], ranks[:, 0])
+            return
+        new = ranks[-1]  # new trajectories per column
+        times = torch.arange(w0, w1, device=dev, dtype=torch.int64)
+
+        if fresh:
+            tail1 = tail0
+            continues = torch.zeros_like(breaks[0])
+        else:
+            cols = torch.arange(c, device=dev)
+            # The old head keeps growing unless the first new row breaks; its stop is the row
+            # before the first break (or the last row written).
+            first_break = torch.where(
+                new > 0, breaks.to(torch.int8).argmax(0).to(torch.int64), torch.full_like(new, n)
+            )
+            head_stop = w0 + first_break - 1
+            continues = ~breaks[0] & (head0 >= tail0)
+            # Retirement, read before the new trajectories overwrite slots: a trajectory retires
+            # once its stop is older than the oldest live row. At most n retire (each loses a row).
+            window = tail0.unsqueeze(0) + torch.arange(n + 1, device=dev).unsqueeze(1)  # [n+1, C]
+            stops = self.stop[cols, window % t]
+            stops = torch.where(window == head0, head_stop.expand_as(window), stops)
+            retire = ((stops < lower) & (window <= head0)).sum(0)
+            tail1 = tail0 + retire
+
+        # New trajectories (a start at each break, a stop before each break and at the last
+        # row; masked entries go to the scratch slot T) and the rows' trajectory numbers.
+        g_row = head0.unsqueeze(0) + ranks  # [n, C]
+        slot = g_row % t
+        scratch = torch.full_like(g_row, t)
+        stamps = times.unsqueeze(0).expand(c, n)
+        self.start.scatter_(1, torch.where(breaks, slot, scratch).T, stamps)
+        ends = torch.cat([breaks[1:], torch.ones_like(breaks[:1])], 0)
+        self.stop.scatter_(1, torch.where(ends & (g_row >= 0), slot, scratch).T, stamps)
+        # The rows written are contiguous in the ring: at most two slices.
+        first = w0 % t
+        split = min(n, t - first)
+        self.row_traj[:, first : first + split] = g_row[:split].T
+        if split < n:
+            self.row_traj[:, : n - split] = g_row[split:].T
+        self.head, self.tail, self.written = head0 + new, tail1, w1
+
+        for elig in self._eligible.values():
+            self._update_eligible(elig, breaks, g_row, head0, tail1, continues, lower)
+
+    def _fill_one_column(self, breaks: torch.Tensor, ranks: torch.Tensor) -> None:
+        """A first fill of one column (trajectories ``0..m-1`` at slots ``0..m-1``): the same
+        state as the general update, from the breaks' positions (one ``nonzero``, a host read),
+        in a handful of passes over the rows (large fills: a dataset loaded at once)."""
+        n, t = breaks.shape[0], self.capacity
+        w0 = self.written
+        starts = breaks.nonzero().squeeze(1) + w0
+        m = starts.shape[0]
+        self.start[0, :m] = starts
+        self.stop[0, : m - 1] = starts[1:] - 1
+        self.stop[0, m - 1] = w0 + n - 1
+        g_row = ranks - 1
+        first = w0 % t
+        split = min(n, t - first)
+        self.row_traj[0, first : first + split] = g_row[:split]
+        if split < n:
+            self.row_traj[0, : n - split] = g_row[split:]
+        self.head = torch.full_like(self.head, m - 1)
+        self.written = w0 + n
+
+    def _update_eligible(
+        self,
+        elig: _Eligible,
+        breaks: torch.Tensor,
+        g_row: torch.Tensor,
+        head0: torch.Tensor,
+        tail1: torch.Tensor,
+        continues: torch.Tensor,
+        lower: int,
+    ) -> None:
+        n, c = breaks.shape
+        t, dev = self.capacity, self.device
+        cols = torch.arange(c, device=dev)
+        length = elig.length
+        counts = elig.counts()
+        # Pops at the front: retired trajectories, and the new oldest one when trimmed too short.
+        window = torch.arange(n + 1, device=dev).unsqueeze(1)  # [n+1, 1]
+        in_deque = window < counts.unsqueeze(0)
+        g = elig.slots[cols, (elig.front.unsqueeze(0) + window) % t]
+        _, tail_len = self.lengths(cols, tail1)
+        pop = in_deque & ((g < tail1) | ((g == tail1) & (tail_len < length).unsqueeze(0)))
+        front = elig.front + pop.sum(0)
+        # Appends at the back: the old head when it grew into eligibility, then new trajectories.
+        last = elig.slots[cols, (elig.back - 1) % t]
+        head_listed = (elig.back > front) & (last == head0)
+        _, head_len = self.lengths(cols, head0.clamp_min(0))
+        head_ok = continues & ~head_listed & (head_len >= length)
+        new_g = torch.where(breaks, g_row, torch.zeros_like(g_row))
+        _, new_len = self.lengths(cols.unsqueeze(0).expand(n, c), new_g)
+        new_ok = breaks & (new_len >= length)
+        cand = torch.cat([head0.unsqueeze(0), new_g], 0)  # [n+1, C], in trajectory order
+        ok = torch.cat([head_ok.unsqueeze(0), new_ok], 0)
+        rank = ok.to(torch.int64).cumsum(0) - 1
+        slot = torch.where(ok, (elig.back.unsqueeze(0) + rank) % t, torch.full_like(rank, t))
+        elig.slots.scatter_(1, slot.T, cand.T.contiguous())
+        elig.back = elig.back + ok.sum(0)
+        elig.front = front
+
+    def _build_eligible(self, length: int) -> _Eligible:
+        c, t, dev = self.columns, self.capacity, self.device
+        elig = _Eligible(length, c, t, dev)
+        if self.written == 0:
+            return elig
+        # Over the live trajectories only (one host read of their largest count per column).
+        span = int((self.head - self.tail + 1).max()) if c > 1 else int(self.head[0] - self.tail[0] + 1)
+        i = torch.arange(max(span, 0), device=dev).unsqueeze(0)  # [1, m]
+        g = self.tail.unsqueeze(1) + i  # [C, m]
+        live = g <= self.head.unsqueeze(1)
+        cols = torch.arange(c, device=dev).unsqueeze(1).expand_as(g)
+        _, lens = self.lengths(cols, g)
+        ok = live & (lens >= length)
+        rank = ok.to(torch.int64).cumsum(1) - 1
+        slot = torch.where(ok, rank, torch.full_like(rank, t))
+        elig.slots.scatter_(1, slot, g.contiguous())
+        elig.back = ok.sum(1)
+        return elig
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        """Plain values and CPU tensors (the eligible deques are rebuilt on demand)."""
+        return {
+            "capacity": self.capacity,
+            "columns": self.columns,
+            "written": self.written,
+            "start": self.start.cpu(),
+            "stop": self.stop.cpu(),
+            "row_traj": self.row_traj.cpu(),
+            "head": self.head.cpu(),
+            "tail": self.tail.cpu(),
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: dict, device: torch.device | str) -> "EpisodeIndex":
+        index = cls(int(state["capacity"]), int(state["columns"]), device)
+        shape = (index.columns, index.capacity + 1)
+        for name in ("start", "stop", "row_traj"):
+            value = state[name]
+            if tuple(value.shape) != shape:
+                raise ValueError(f"episode index field {name!r} has shape {list(value.shape)}, expected {list(shape)}")
+            setattr(index, name, value.to(index.device, torch.int64).clone())
+        for name in ("head", "tail"):
+            value = state[name]
+            if tuple(value.shape) != (index.columns,):
+                raise ValueError(f"episode index field {name!r} has shape {list(value.shape)}, expected [{index.columns}]")
+            setattr(index, name, value.to(index.device, torch.int64).clone())
+        index.written = int(state["written"])
+        index._fresh = index.written == 0
+        return index

@@ -1,0 +1,324 @@
+"""``PrioritizedSliceSampler``: slices whose starts are drawn by priority (TorchRL's).
+
+Every step has a priority in the sum tree of :class:`PrioritizedSampler`; a slice starts at a
+step drawn in proportion to it, among the steps a slice may start at. TorchRL zeroes the other
+steps' leaves (the last ``L - 1`` of each trajectory) before every draw and restores them after,
+``O(N)`` work per sample. Here the steps that cannot start a slice are kept out of the tree as
+writes arrive: their transformed priorities wait in a second tree (which also keeps their
+minimum, so the importance weights use the minimum over every step, as TorchRL's), and move back
+when a write makes them valid starts (the newest trajectory growing). Each write moves
+``O(rows written + L)`` leaves; a draw is one descent of ``B`` masses.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Sequence
+
+import torch
+
+from gpubuf.errors import TrajectoryLengthError
+from gpubuf.ops.sumtree import SumTree, importance_weights, sumtree_sample, sumtree_update
+from gpubuf.samplers._episodes import EpisodeIndex
+from gpubuf.samplers.prioritized import PrioritizedSampler
+from gpubuf.samplers.slice import SliceSampler
+
+__all__ = ["PrioritizedSliceSampler"]
+
+
+class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
+    r"""Trajectory slices with prioritized starts (TorchRL's ``PrioritizedSliceSampler``).
+
+    A slice starts at step ``i`` with probability :math:`P_i / \sum_j P_j` over the steps that
+    can start one, :math:`P = (p + \epsilon)^\alpha`, and every step of the slice carries the
+    start's weight :math:`(P_i / P_{min})^{-\beta}` in ``info["priority_weight"]``
+    (:math:`P_{min}` over every written step). Steps that cannot start a slice are the last
+    ``L - 1`` of each trajectory (``L - 1 - span_right`` with an int right span, the last one
+    with ``span_right=True``); with ``strict_length=False`` a trajectory's first step always
+    can, and slices stop at the trajectory's end.
+
+    Args:
+        max_capacity, alpha, beta, eps, dtype, reduction: as :class:`PrioritizedSampler`.
+
+    Keyword Args:
+        num_slices, slice_len, end_key, end_keys, traj_key, ends, trajectories, cache_values,
+        truncated_key, strict_length, compile, span: as :class:`SliceSampler` (a left span
+        is turned off with a warning, as in TorchRL).
+        max_priority_within_buffer: as :class:`PrioritizedSampler`.
+
+    Update priorities with the ``info["index"]`` a sample returned (one priority per step; the
+    start's priority is what drives the draw, as in TorchRL).
+    """
+
+    def __init__(
+        self,
+        max_capacity: int,
+        alpha: float,
+        beta: float,
+        eps: float = 1e-8,
+        dtype: torch.dtype = torch.float,
+        reduction: str = "max",
+        *,
+        num_slices: int | None = None,
+        slice_len: int | None = None,
+        end_key: Any = None,
+        end_keys: Sequence[Any] | None = None,
+        traj_key: Any = None,
+        ends: torch.Tensor | None = None,
+        trajectories: torch.Tensor | None = None,
+        cache_values: bool = False,
+        truncated_key: Any = ("next", "truncated"),
+        init_key: Any = "is_init",
+        strict_length: bool = True,
+        compile: bool | dict = False,
+        span: bool | int | tuple = False,
+        max_priority_within_buffer: bool = False,
+    ) -> None:
+        SliceSampler.__init__(
+            self,
+            num_slices=num_slices,
+            slice_len=slice_len,
+            end_key=end_key,
+            end_keys=end_keys,
+            traj_key=traj_key,
+            cache_values=cache_values,
+            truncated_key=truncated_key,
+            init_key=init_key,
+            strict_length=strict_length,
+            ends=ends,
+            trajectories=trajectories,
+            compile=compile,
+            span=span,
+        )
+        PrioritizedSampler.__init__(
+            self,
+            max_capacity=max_capacity,
+            alpha=alpha,
+            beta=beta,
+            eps=eps,
+            dtype=dtype,
+            reduction=reduction,
+            max_priority_within_buffer=max_priority_within_buffer,
+        )
+        if self.span[0]:
+            warnings.warn(
+                f"Left spanning is disabled for {type(self).__name__} and will be automatically turned off.",
+                stacklevel=2,
+            )
+            self.span = (0, self.span[1])
+        self._held = SumTree(self._max_capacity, dtype=dtype, device=self._tree.device)
+        self._excluded = torch.zeros(self._max_capacity, dtype=torch.bool, device=self._tree.device)
+        self._excluded_for: int | None = None  # the slice length the exclusions were set for
+
+    # ------------------------------------------------------------------ writes
+    def add(self, index: Any) -> None:
+        PrioritizedSampler.add(self, index)
+        SliceSampler.add(self, index)
+
+    def extend(self, index: Any) -> None:
+        PrioritizedSampler.extend(self, index)
+        # The written steps hold the default priority in the tree; what was held aside for the
+        # steps they overwrote is dropped now, so an update before the next draw lands right.
+        flat = self._flat_index(index, self._storage)
+        stale = flat[self._excluded[flat]]
+        if stale.numel():
+            zeros = torch.zeros(stale.shape[0], dtype=torch.float64, device=stale.device)
+            sumtree_update(self._held, stale, zeros, alpha=1.0, eps=0.0, validate=False)
+            self._excluded[stale] = False
+        SliceSampler.extend(self, index)
+
+    def mark_update(self, index: Any, *, storage: Any = None) -> None:
+        PrioritizedSampler.mark_update(self, index, storage=storage)
+
+    def _empty(self) -> None:
+        PrioritizedSampler._empty(self)
+        SliceSampler._empty(self)
+        self._held.clear_()
+        self._excluded.zero_()
+        self._excluded_for = None
+
+    def _bind(self, storage: Any) -> None:
+        PrioritizedSampler._bind(self, storage)
+        if self._held.device != self._tree.device:
+            self._held = self._held.to(self._tree.device)
+            self._excluded = self._excluded.to(self._tree.device)
+
+    def update_priority(self, index: Any, priority: Any, *, storage: Any = None) -> None:
+        """As :meth:`PrioritizedSampler.update_priority`; a step that cannot start a slice keeps
+        its new priority aside until it can. Also takes the per-dim tuple a sample returns."""
+        storage = storage if storage is not None else self._storage
+        if isinstance(index, tuple) and len(index) == 1:
+            index = index[0]
+        if isinstance(index, torch.Tensor) and index.ndim == 2 and index.shape[-1] == 1:
+            index = index[:, 0]
+        PrioritizedSampler.update_priority(self, index, priority, storage=storage)
+        if self._excluded_for is None:
+            return
+        flat = self._flat_index(index, storage)
+        flat = flat[flat >= 0]
+        self._move(flat[self._excluded[flat]], to_held=True)
+
+    # ------------------------------------------------------------------ exclusions
+    def _move(self, flat: torch.Tensor, *, to_held: bool) -> None:
+        """Moves the leaves at ``flat`` from the tree to the held-aside tree (or back)."""
+        if flat.numel() == 0:
+            return
+        source, target = (self._tree, self._held) if to_held else (self._held, self._tree)
+        values = source.values()[flat].to(torch.float64)
+        sumtree_update(target, flat, values, alpha=1.0, eps=0.0, validate=False)
+        sumtree_update(source, flat, torch.zeros_like(values), alpha=1.0, eps=0.0, validate=False)
+
+    def _tail_kept(self, seq_length: int) -> int:
+        """How many last steps of a trajectory cannot start a slice."""
+        right = self.span[1]
+        if right is True:
+            return 1
+        return max(seq_length - 1 - int(right), 0)
+
+    def _should_exclude(self, index: EpisodeIndex, col: torch.Tensor, row: torch.Tensor, seq_length: int) -> torch.Tensor:
+        start, stop = index.trajectory_of(col, row)
+        tau = index.absolute(row)
+        out = stop - tau < self._tail_kept(seq_length)
+        if not self.strict_length:
+            out = out & (tau != start)
+        return out
+
+    def _flat(self, index: EpisodeIndex, col: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
+        return row * index.columns + col
+
+    def _refresh(self, index: EpisodeIndex, col: torch.Tensor, row: torch.Tensor, seq_length: int) -> None:
+        """Sets the exclusion of the live elements ``(col, row)``."""
+        flat = self._flat(index, col, row).to(self._tree.device)
+        want = self._should_exclude(index, col, row, seq_length).to(self._tree.device)
+        now = self._excluded[flat]
+        self._move(flat[want & ~now], to_held=True)
+        self._move(flat[~want & now], to_held=False)
+        self._excluded[flat] = want
+
+    def _refresh_all(self, index: EpisodeIndex, seq_length: int) -> None:
+        """Sets every exclusion for slices of ``seq_length`` (``O(N)``: a new length or a rebuild)."""
+        size = index.size
+        rows = torch.arange(size, device=index.device).repeat_interleave(index.columns)
+        cols = torch.arange(index.columns, device=index.device).repeat(size)
+        merged = self._tree.values().to(torch.float64) + self._held.values().to(torch.float64)
+        excluded = torch.zeros_like(self._excluded)
+        if size:
+            excluded[self._flat(index, cols, rows).to(excluded.device)] = self._should_exclude(
+                index, cols, rows, seq_length
+            ).to(excluded.device)
+        zero = torch.zeros_like(merged)
+        self._tree.fill_(torch.where(excluded, zero, merged))
+        self._held.fill_(torch.where(excluded, merged, zero))
+        self._excluded = excluded
+        self._excluded_for = seq_length
+
+    def _feed(self, storage: Any, index: EpisodeIndex, rows: torch.Tensor, columns: int, shape: tuple) -> None:
+        length = self._excluded_for
+        if length is None:
+            SliceSampler._feed(self, storage, index, rows, columns, shape)
+            return
+        kept = self._tail_kept(length)
+        old_head = None
+        if index.written:
+            # The newest trajectory's last steps may become valid starts as it grows.
+            first = max(index.written - kept, index.lower)
+            old_head = torch.arange(first, index.written, device=index.device) % index.capacity
+        SliceSampler._feed(self, storage, index, rows, columns, shape)
+        new_rows = torch.arange(index.written - min(rows.shape[0], index.capacity), index.written, device=index.device)
+        new_rows = new_rows % index.capacity
+        # A trimmed oldest trajectory gets a new first step (a valid start without strict_length).
+        oldest = torch.tensor([index.lower % index.capacity], device=index.device)
+        parts = [new_rows, oldest] if old_head is None else [new_rows, old_head, oldest]
+        # Each row once (the oldest or the old head's may have just been written), for all its columns.
+        row = torch.unique(torch.cat(parts))
+        cols = torch.arange(columns, device=index.device).repeat(row.shape[0])
+        self._refresh(index, cols, row.repeat_interleave(columns), length)
+
+    def _rebuild(
+        self,
+        storage: Any,
+        capacity: int,
+        columns: int,
+        shape: tuple,
+        device: torch.device,
+        newest: int | None = None,
+    ) -> EpisodeIndex:
+        self._excluded_for = None  # every exclusion is set anew at the next draw
+        return SliceSampler._rebuild(self, storage, capacity, columns, shape, device, newest)
+
+    # ------------------------------------------------------------------ sampling
+    def sample(self, storage: Any, batch_size: int) -> tuple[tuple[torch.Tensor, ...], dict]:
+        """Draws ``num_slices`` starts by priority and returns their slices.
+
+        Returns:
+            ``(index, info)`` as :meth:`SliceSampler.sample`, with ``info["priority_weight"]``
+            holding the start's weight for every step.
+
+        Raises:
+            As :meth:`SliceSampler.sample`; :class:`~gpubuf.errors.TrajectoryLengthError` when
+            no step can start a slice.
+        """
+        self._bind(storage)
+        index, seq_length, num_slices = self._prepare(storage, batch_size)
+        if self._excluded_for != seq_length:
+            self._refresh_all(index, seq_length)
+        tree = self._tree
+        if tree.device.type == "cpu" and not tree.total().item() > 0:
+            raise self._no_trajectory(seq_length)
+        flat, value = sumtree_sample(tree, self._draw_uniforms(num_slices, tree.device), stratified=self.stratified)
+        p_min = torch.minimum(tree.min(), self._held.min())
+        weight = importance_weights(value, p_min, self._beta)
+        flat = flat.to(index.device)
+        row, col = flat // index.columns, flat % index.columns
+        tau = index.absolute(row)
+        if self.strict_length and not self.span[1]:
+            steps = tau.unsqueeze(1) + torch.arange(seq_length, device=tau.device)
+            rows = (steps % index.capacity).reshape(-1)
+            cols = col.unsqueeze(1).expand(-1, seq_length).reshape(-1)
+            out, info = self._finish(storage, index, rows, cols, num_slices, seq_length, None, None, init=False)
+            info["priority_weight"] = weight.to(index.device).repeat_interleave(seq_length)
+            return out, info
+        _, stop = index.trajectory_of(col, row)
+        seq = (stop - tau + 1).clamp_max(seq_length)
+        slice_of = torch.repeat_interleave(torch.arange(num_slices, device=seq.device), seq)
+        offsets = torch.arange(slice_of.shape[0], device=seq.device) - (seq.cumsum(0) - seq)[slice_of]
+        rows = (tau[slice_of] + offsets) % index.capacity
+        out, info = self._finish(storage, index, rows, col[slice_of], num_slices, seq, None, None, init=False)
+        info["priority_weight"] = weight.to(index.device)[slice_of]
+        return out, info
+
+    def _no_trajectory(self, seq_length: int) -> TrajectoryLengthError:
+        return SliceSampler._no_trajectory(seq_length)
+
+    # ------------------------------------------------------------------ state
+    def _prefetch_state(self) -> None:
+        return None
+
+    def _prefetch_restore(self, state: None) -> None:
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The prioritized sampler's state (every step's priority, held-aside ones included) and the boundaries."""
+        merged = self._tree.values().to(torch.float64) + self._held.values().to(torch.float64)
+        state = PrioritizedSampler.state_dict(self)
+        tree_state = dict(state["_tree"])
+        tree_state["leaves"] = merged.to("cpu", self.dtype)
+        state["_tree"] = tree_state
+        state["_slices"] = SliceSampler.state_dict(self)
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores :meth:`state_dict`; which steps are held aside is worked out at the next draw."""
+        PrioritizedSampler.load_state_dict(self, state_dict)
+        # A prioritized sampler's state alone (TorchRL's has no boundaries): read them at the next draw.
+        SliceSampler.load_state_dict(self, state_dict.get("_slices", {}))
+        self._held = SumTree(self._max_capacity, dtype=self.dtype, device=self._tree.device)
+        self._excluded = torch.zeros(self._max_capacity, dtype=torch.bool, device=self._tree.device)
+        self._excluded_for = None
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(num_slices={self.num_slices}, slice_len={self.slice_len}, end_key={self.end_key}, "
+            f"traj_key={self.traj_key}, truncated_key={self.truncated_key}, strict_length={self.strict_length}, "
+            f"alpha={self._alpha}, beta={self._beta}, eps={self._eps})"
+        )

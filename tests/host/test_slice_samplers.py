@@ -1,0 +1,639 @@
+"""Slice samplers side by side with TorchRL's on the same data.
+
+Boundaries are compared exactly with TorchRL's ``find_start_stop_traj`` (what its samplers
+compute at every sample) after every write, wrap-around included; draws are checked for their
+structure (contiguous, one trajectory per slice, marks) and, by a chi-square test, for
+TorchRL's distribution: a trajectory uniform among the eligible ones, a start uniform within it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import gpubuf
+from gpubuf import errors
+
+torchrl_data = pytest.importorskip("torchrl.data")
+from torchrl.data import find_start_stop_traj  # noqa: E402
+
+
+# ---------------------------------------------------------------------- data
+def _episodes(lengths: list[int], first_id: int = 0) -> torch.Tensor:
+    return torch.repeat_interleave(torch.arange(first_id, first_id + len(lengths)), torch.tensor(lengths))
+
+
+def _transitions(episode: torch.Tensor, offset: int = 0) -> TensorDict:
+    """Steps with an id, a done flag on each episode's last step, a terminated flag and is_init."""
+    n = episode.shape[0]
+    done = torch.zeros(n, 1, dtype=torch.bool)
+    done[:-1, 0] = episode[1:] != episode[:-1]
+    done[-1, 0] = True
+    is_init = torch.zeros(n, 1, dtype=torch.bool)
+    is_init[1:, 0] = episode[1:] != episode[:-1]
+    is_init[0, 0] = True
+    return TensorDict(
+        {
+            "obs": torch.arange(offset, offset + n),
+            "episode": episode,
+            "is_init": is_init,
+            ("next", "done"): done,
+            ("next", "terminated"): done & (episode % 2 == 0).unsqueeze(-1),
+        },
+        [n],
+    )
+
+
+def _random_stream(seed: int, n: int, max_len: int = 12) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, max_len + 1, (n,), generator=g).tolist()
+    return _episodes(lengths)
+
+
+def _buffer(sampler, capacity: int, ndim: int = 1, seed: int = 0):
+    return gpubuf.TensorDictReplayBuffer(
+        storage=gpubuf.LazyTensorStorage(capacity, ndim=ndim),
+        sampler=sampler,
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+# ---------------------------------------------------------------------- TorchRL's boundaries
+def _torchrl_trajectories(signal: torch.Tensor, *, full: bool, cursor: int | None, traj: bool) -> set:
+    """``{(column, start_row, length)}`` as TorchRL's samplers compute them from the stored signal."""
+    kwargs = {"trajectory": signal} if traj else {"end": signal}
+    start, _, lengths = find_start_stop_traj(at_capacity=full, cursor=cursor if full else None, **kwargs)
+    column = start[:, 1:].flatten(1)
+    col = torch.zeros(start.shape[0], dtype=torch.long)
+    if column.shape[1]:
+        col = column[:, 0]
+    return {(int(c), int(s), int(n)) for c, s, n in zip(col, start[:, 0], lengths)}
+
+
+def _our_trajectories(sampler) -> set:
+    index = sampler._index if sampler._static is None else sampler._static
+    everything = index.eligible(1)
+    count = int(everything.counts().sum())
+    col, start, length = index.pick(everything, torch.arange(count))
+    rows = start % index.capacity
+    return {(int(c), int(s), int(n)) for c, s, n in zip(col, rows, length)}
+
+
+def _stored_signal(rb, key, size: int) -> torch.Tensor:
+    values = rb.storage._storage[key]
+    return values[:size].reshape(size, *values.shape[1 : rb.storage.ndim])
+
+
+@pytest.mark.parametrize("source", ["traj_key", "end_key", "end_keys"])
+def test_boundaries_match_torchrl_after_every_write(source):
+    kwargs = {
+        "traj_key": {"traj_key": "episode"},
+        "end_key": {"end_key": ("next", "done")},
+        "end_keys": {"end_keys": [("next", "done"), ("next", "terminated")]},
+    }[source]
+    sampler = gpubuf.SliceSampler(slice_len=3, **kwargs)
+    capacity = 37
+    rb = _buffer(sampler, capacity)
+    stream = _transitions(_random_stream(1, 60))
+    g = torch.Generator().manual_seed(2)
+    at, cursor = 0, -1
+    torchrl_rb = torchrl_data.TensorDictReplayBuffer(
+        storage=torchrl_data.LazyTensorStorage(capacity), sampler=torchrl_data.SliceSampler(slice_len=3, **kwargs)
+    )
+    for step in range(14):
+        n = int(torch.randint(1, 2 * capacity if step == 7 else 12, (1,), generator=g))
+        chunk = stream[at : at + n]
+        at += n
+        rb.extend(chunk)
+        torchrl_rb.extend(chunk)
+        cursor = (cursor + n) % capacity
+        sampler._sync(rb.storage)  # what a draw does first: read the rows written since the last one
+        size = len(rb)
+        full = size == capacity
+        if source == "traj_key":
+            signal, traj = _stored_signal(rb, "episode", size), True
+        else:
+            signal, traj = _stored_signal(rb, ("next", "done"), size).reshape(size), False
+            if source == "end_keys":
+                signal = signal | _stored_signal(rb, ("next", "terminated"), size).reshape(size)
+        expected = _torchrl_trajectories(signal, full=full, cursor=cursor, traj=traj)
+        assert _our_trajectories(sampler) == expected
+        # TorchRL's own sampler sees the same trajectories.
+        start, _, lengths = torchrl_rb.sampler._get_stop_and_length(torchrl_rb.storage)
+        assert {(0, int(s), int(n)) for s, n in zip(start[:, 0], lengths)} == expected
+    # Reading everything again (what a write the sampler did not follow leads to) gives the same.
+    incremental = _our_trajectories(sampler)
+    sampler._rebuild(rb.storage, capacity, 1, (), torch.device("cpu"), newest=cursor)
+    assert _our_trajectories(sampler) == incremental
+
+
+def test_boundaries_ndim2_match_torchrl():
+    envs, capacity = 3, 11
+    sampler = gpubuf.SliceSampler(num_slices=2, traj_key="episode")
+    rb = _buffer(sampler, capacity * envs, ndim=2)
+    streams = [_random_stream(10 + e, 30, max_len=6) + 100 * e for e in range(envs)]
+    at, cursor = 0, -1
+    for n in (4, 5, 1, 7, 9, 3, 11):
+        episode = torch.stack([s[at : at + n] for s in streams])  # [envs, n]: extended along dim 1
+        td = TensorDict({"episode": episode, "obs": episode.clone()}, [envs, n])
+        rb.extend(td)
+        at += n
+        cursor = (cursor + n) % capacity
+        sampler._sync(rb.storage)
+        stored = rb.storage._storage["episode"]
+        size = len(rb) // envs
+        expected = _torchrl_trajectories(stored[:size], full=size == capacity, cursor=cursor, traj=True)
+        assert _our_trajectories(sampler) == expected
+
+
+# ---------------------------------------------------------------------- draws
+def _slices(batch, num_slices: int) -> list[TensorDict]:
+    return list(batch.reshape(num_slices, -1).unbind(0))
+
+
+def test_slices_are_contiguous_single_trajectory_and_marked():
+    slice_len, num_slices = 4, 8
+    rb = _buffer(gpubuf.SliceSampler(slice_len=slice_len, traj_key="episode"), 50)
+    rb.extend(_transitions(_random_stream(3, 20, max_len=9)))  # wraps
+    for _ in range(5):
+        batch = rb.sample(slice_len * num_slices)
+        assert batch.batch_size == (slice_len * num_slices,)
+        for one in _slices(batch, num_slices):
+            rows = one["index"].reshape(-1)
+            assert torch.equal((rows - rows[0]) % 50, torch.arange(slice_len))
+            assert one["episode"].unique().numel() == 1
+            truncated = one["next", "truncated"].reshape(-1)
+            assert truncated.tolist() == [False] * (slice_len - 1) + [True]
+            stored_done = rb.storage._storage["next", "done"][rows].reshape(-1)
+            assert torch.equal(one["next", "done"].reshape(-1), stored_done | truncated)
+            stored_term = rb.storage._storage["next", "terminated"][rows].reshape(-1)
+            assert torch.equal(one["next", "terminated"].reshape(-1), stored_term)
+            assert bool(one["is_init"][0])
+            assert torch.equal(one["is_init"][1:], rb.storage._storage["is_init"][rows[1:]])
+
+
+def _window_counts(draw, rounds: int) -> dict:
+    counts: dict = {}
+    for _ in range(rounds):
+        for key in draw():
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _chi_square(counts: dict, expected: dict) -> tuple[float, int]:
+    total = sum(counts.values())
+    assert set(counts) <= set(expected), "a window outside the expected support was drawn"
+    stat = sum((counts.get(k, 0) - total * p) ** 2 / (total * p) for k, p in expected.items())
+    return stat, len(expected) - 1
+
+
+def _expected_windows(trajectories: set, slice_len: int, capacity: int) -> dict:
+    eligible = [(c, s, n) for c, s, n in trajectories if n >= slice_len]
+    probs = {}
+    for c, s, n in eligible:
+        for r in range(n - slice_len + 1):
+            probs[(c, (s + r) % capacity)] = 1.0 / (len(eligible) * (n - slice_len + 1))
+    return probs
+
+
+@pytest.mark.parametrize("key", ["traj_key", "end_key"])
+def test_window_distribution_matches_torchrl(key):
+    capacity, slice_len, num_slices = 64, 5, 16
+    kwargs = {"traj_key": "episode"} if key == "traj_key" else {"end_key": ("next", "done")}
+    data = _transitions(_random_stream(4, 30, max_len=10))
+    ours = _buffer(gpubuf.SliceSampler(slice_len=slice_len, **kwargs), capacity, seed=5)
+    theirs = torchrl_data.TensorDictReplayBuffer(
+        storage=torchrl_data.LazyTensorStorage(capacity),
+        sampler=torchrl_data.SliceSampler(slice_len=slice_len, cache_values=True, **kwargs),
+    )
+    ours.extend(data)
+    theirs.extend(data)
+    torch.manual_seed(6)
+    ours.sample(slice_len)
+    trajectories = _our_trajectories(ours.sampler)
+    expected = _expected_windows(trajectories, slice_len, capacity)
+
+    def draw(rb):
+        def one():
+            idx = rb.sample(slice_len * num_slices)["index"].reshape(num_slices, slice_len, -1)[:, 0, 0]
+            return [(0, int(i)) for i in idx]
+
+        return one
+
+    for rb in (ours, theirs):
+        stat, df = _chi_square(_window_counts(draw(rb), 250), expected)
+        assert stat < df + 6 * math.sqrt(2 * df), (stat, df)
+
+
+def test_short_trajectories_with_strict_length_false_and_padding():
+    capacity, slice_len = 40, 6
+    data = _transitions(_episodes([2, 9, 3, 8, 1, 10, 7]))
+    for pad in (False, True):
+        rb = _buffer(gpubuf.SliceSampler(num_slices=10, strict_length=False, pad_output=pad, traj_key="episode"), capacity)
+        rb.extend(data)
+        batch, info = rb.sample(60, return_info=True)
+        lengths = {int(e): int((data["episode"] == e).sum()) for e in data["episode"].unique()}
+        if pad:
+            assert batch.batch_size == (60,)
+            mask = info[("collector", "mask")].reshape(10, slice_len)
+            for one, m in zip(_slices(batch, 10), mask):
+                real = int(m.sum())
+                assert real == min(lengths[int(one["episode"][0])], slice_len)
+                assert m.tolist() == [True] * real + [False] * (slice_len - real)
+                assert torch.equal(one["obs"][real:], one["obs"][real - 1].expand(slice_len - real))
+        else:
+            truncated = batch["next", "truncated"].reshape(-1)
+            ends = truncated.nonzero().reshape(-1).tolist()
+            assert len(ends) == 10 and ends[-1] == batch.batch_size[0] - 1
+            begin = 0
+            for end in ends:
+                one = batch[begin : end + 1]
+                assert one["episode"].unique().numel() == 1
+                assert one.batch_size[0] == min(lengths[int(one["episode"][0])], slice_len)
+                assert torch.equal(one["obs"] - one["obs"][0], torch.arange(end + 1 - begin))
+                begin = end + 1
+
+
+def test_span_gives_shorter_slices_at_trajectory_edges():
+    rb = _buffer(gpubuf.SliceSampler(num_slices=64, span=True, traj_key="episode"), 60)
+    rb.extend(_transitions(_episodes([9, 12, 10, 14])))
+    batch = rb.sample(64 * 5)
+    ends = batch["next", "truncated"].reshape(-1).nonzero().reshape(-1).tolist()
+    assert len(ends) == 64
+    begin, sizes = 0, []
+    for end in ends:
+        one = batch[begin : end + 1]
+        assert one["episode"].unique().numel() == 1
+        assert torch.equal(one["obs"] - one["obs"][0], torch.arange(end + 1 - begin))
+        sizes.append(end + 1 - begin)
+        begin = end + 1
+    assert min(sizes) >= 1 and max(sizes) == 5 and min(sizes) < 5
+
+
+def test_ndim2_slices_stay_in_their_column():
+    envs = 4
+    rb = _buffer(gpubuf.SliceSampler(slice_len=3, traj_key="episode"), 20 * envs, ndim=2)
+    episode = torch.stack([_random_stream(20 + e, 10, max_len=7)[:25] + 100 * e for e in range(envs)])
+    rb.extend(TensorDict({"episode": episode, "obs": torch.arange(envs * 25).view(envs, 25)}, [envs, 25]))
+    batch, info = rb.sample(30, return_info=True)
+    time, env = info["index"]
+    time, env = time.view(10, 3), env.view(10, 3)
+    assert (env == env[:, :1]).all()
+    assert ((time - time[:, :1]) % 20 == torch.arange(3)).all()
+    episodes = batch["episode"].view(10, 3)
+    assert (episodes == episodes[:, :1]).all()
+
+
+def test_static_ends_and_trajectories_match_torchrl():
+    ends = torch.zeros(30, dtype=torch.bool)
+    ends[[4, 11, 12, 20]] = True  # rows 21..29 and 0..4 form one trajectory across the end
+    trajectories = torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.long), ends[:-1].long()]), 0) % 4
+    for kwargs, signal, traj in (({"ends": ends}, ends, False), ({"trajectories": trajectories}, trajectories, True)):
+        sampler = gpubuf.SliceSampler(slice_len=2, cache_values=True, **kwargs)
+        rb = _buffer(sampler, 30)
+        rb.extend(TensorDict({"obs": torch.arange(30)}, [30]))
+        rb.sample(4)
+        assert _our_trajectories(sampler) == _torchrl_trajectories(signal, full=True, cursor=None, traj=traj)
+
+
+# ---------------------------------------------------------------------- without replacement
+def test_without_replacement_visits_each_trajectory_once_per_epoch():
+    lengths = [5, 7, 3, 9, 6, 2, 8]
+    data = _transitions(_episodes(lengths))
+    for strict in (True, False):
+        sampler = gpubuf.SliceSamplerWithoutReplacement(num_slices=3, strict_length=strict, traj_key="episode")
+        rb = gpubuf.TensorDictReplayBuffer(storage=gpubuf.LazyTensorStorage(100), sampler=sampler, batch_size=9)
+        rb.extend(data)
+        for _ in range(2):  # two epochs
+            seen = []
+            for batch in rb:
+                ends = batch["next", "truncated"].reshape(-1).nonzero().reshape(-1).tolist()
+                begin = 0
+                for end in ends:
+                    one = batch[begin : end + 1]
+                    assert one["episode"].unique().numel() == 1
+                    seen.append(int(one["episode"][0]))
+                    begin = end + 1
+            long_enough = [e for e, n in enumerate(lengths) if n >= 3 or not strict]
+            assert sorted(seen) == long_enough
+
+
+# ---------------------------------------------------------------------- checkpoints
+def test_checkpoint_round_trip_keeps_boundaries_and_draws(tmp_path):
+    def make():
+        return _buffer(gpubuf.SliceSamplerWithoutReplacement(slice_len=4, traj_key="episode"), 45, seed=9)
+
+    rb = make()
+    rb.extend(_transitions(_random_stream(7, 12)))
+    rb.extend(_transitions(_random_stream(8, 5), offset=500))
+    rb.sample(8)
+    rb.dumps(tmp_path / "ckpt")
+    restored = make()
+    restored.loads(tmp_path / "ckpt")
+    assert _our_trajectories(restored.sampler) == _our_trajectories(rb.sampler)
+    for _ in range(3):
+        assert torch.equal(restored.sample(8)["obs"], rb.sample(8)["obs"])
+    more = _transitions(_random_stream(9, 4), offset=900)
+    rb.extend(more)
+    restored.extend(more)
+    assert torch.equal(restored.sample(8)["obs"], rb.sample(8)["obs"])
+    # Writes not yet read by a draw travel with the checkpoint.
+    rb.extend(_transitions(_random_stream(10, 3), offset=950))
+    rb.dumps(tmp_path / "ckpt2")
+    again = make()
+    again.loads(tmp_path / "ckpt2")
+    assert torch.equal(again.sample(8)["obs"], rb.sample(8)["obs"])
+    assert _our_trajectories(again.sampler) == _our_trajectories(rb.sampler)
+
+
+# ---------------------------------------------------------------------- bad input
+def test_bad_arguments_raise_typed_errors():
+    with pytest.raises(errors.SliceArgumentError) as both:
+        gpubuf.SliceSampler(num_slices=2, slice_len=3)
+    assert isinstance(both.value, TypeError)
+    with pytest.raises(errors.SliceArgumentError):
+        gpubuf.SliceSampler()
+    with pytest.raises(errors.SliceArgumentError):
+        gpubuf.SliceSampler(slice_len=0)
+    with pytest.raises(errors.SliceArgumentError):
+        gpubuf.SliceSampler(slice_len=2, end_key="done", end_keys=["done"])
+    with pytest.raises(errors.SliceArgumentError) as pad:
+        gpubuf.SliceSampler(slice_len=2, pad_output=True)
+    assert isinstance(pad.value, ValueError)
+    with pytest.raises(errors.SliceArgumentError):
+        gpubuf.SliceSampler(slice_len=2, ends=torch.ones(4, dtype=torch.bool))
+
+
+def _state(rb):
+    return (len(rb), rb.write_count, rb.storage._storage.clone(), rb.sampler.state_dict())
+
+
+def _same_state(a, b) -> bool:
+    return a[0] == b[0] and a[1] == b[1] and (a[2] == b[2]).all() and str(a[3]) == str(b[3])
+
+
+def test_bad_sample_requests_raise_before_anything_changes():
+    rb = _buffer(gpubuf.SliceSampler(num_slices=4, traj_key="episode"), 40)
+    rb.extend(_transitions(_episodes([3, 4, 2, 5])))
+    rb.sample(8)
+    before = _state(rb)
+    with pytest.raises(errors.BatchSizeError):
+        rb.sample(10)  # not divisible by num_slices
+    with pytest.raises(errors.TrajectoryLengthError) as short:
+        rb.sample(4 * 6)  # slices of 6, every trajectory shorter
+    assert isinstance(short.value, RuntimeError)
+    assert _same_state(before, _state(rb))
+
+    missing = _buffer(gpubuf.SliceSampler(slice_len=2, traj_key="episode_id", end_key=("next", "stop")), 10)
+    missing.extend(TensorDict({"obs": torch.arange(6)}, [6]))
+    with pytest.raises(errors.TrajectoryKeyError) as key:
+        missing.sample(4)
+    assert isinstance(key.value, KeyError) and "episode_id" in str(key.value)
+
+    empty = _buffer(gpubuf.SliceSampler(slice_len=2), 10)
+    with pytest.raises(errors.EmptyBufferError):
+        empty.sample(4)
+
+
+# ---------------------------------------------------------------------- prioritized
+def _valid_starts(trajectories: set, slice_len: int, capacity: int, strict: bool = True) -> list[int]:
+    rows = []
+    for _, s, n in trajectories:
+        last = n - (slice_len - 1)  # positions 0..last-1 can start a full slice
+        count = max(last, 0) if strict else max(last, 1)  # without strict_length, the first step always can
+        rows += [(s + r) % capacity for r in range(count)]
+    return rows
+
+
+@pytest.mark.parametrize("wrap", [False, True])
+def test_prioritized_starts_and_weights_match_torchrl(wrap):
+    capacity, slice_len, num_slices, alpha, beta = 48, 4, 16, 0.7, 0.5
+    data = _transitions(_random_stream(11, 14 if wrap else 7, max_len=9))
+    if not wrap:
+        data = data[:capacity]
+    g = torch.Generator().manual_seed(12)
+    priority = torch.rand(capacity, generator=g) * 3 + 0.1
+
+    def make(mod):
+        sampler = mod.PrioritizedSliceSampler(capacity, alpha, beta, slice_len=slice_len, traj_key="episode")
+        return mod.TensorDictReplayBuffer(storage=mod.LazyTensorStorage(capacity), sampler=sampler)
+
+    ours = make(gpubuf)
+    try:
+        theirs = make(torchrl_data)
+        providers = (ours, theirs)
+    except (ImportError, RuntimeError, AttributeError, OSError, NotImplementedError):
+        # TorchRL's prioritized classes need its compiled trees, which may not load with this torch.
+        providers = (ours,)
+    for rb in providers:
+        rb.extend(data[: len(data) // 2])
+        rb.extend(data[len(data) // 2 :])
+        rb.update_priority(torch.arange(len(rb)), priority[: len(rb)])
+    priority = priority[: len(ours)]
+    ours.sample(slice_len)
+    valid = _valid_starts(_our_trajectories(ours.sampler), slice_len, capacity)
+    transformed = (priority.double() + 1e-8) ** alpha
+    mass = transformed[valid].sum()
+    expected = {(0, r): float(transformed[r] / mass) for r in valid}
+    p_min = transformed.min()
+
+    torch.manual_seed(13)
+    for rb in providers:
+        counts: dict = {}
+        for _ in range(200):
+            batch, info = rb.sample(slice_len * num_slices, return_info=True)
+            rows = batch["index"].reshape(num_slices, slice_len, -1)[..., 0]
+            assert ((rows - rows[:, :1]) % capacity == torch.arange(slice_len)).all()
+            episodes = batch["episode"].reshape(num_slices, slice_len)
+            assert (episodes == episodes[:, :1]).all()
+            weight = info["priority_weight"].reshape(num_slices, slice_len).double()
+            assert (weight == weight[:, :1]).all()
+            want = ((transformed[rows[:, 0]] / p_min) ** -beta)
+            assert torch.allclose(weight[:, 0], want, rtol=1e-5)
+            for r in rows[:, 0].tolist():
+                counts[(0, r)] = counts.get((0, r), 0) + 1
+        stat, df = _chi_square(counts, expected)
+        assert stat < df + 6 * math.sqrt(2 * df), (stat, df)
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_prioritized_exclusions_follow_writes_and_updates(tmp_path, strict):
+    capacity, slice_len = 30, 3
+
+    def make():
+        sampler = gpubuf.PrioritizedSliceSampler(
+            capacity, 1.0, 1.0, slice_len=slice_len, traj_key="episode", strict_length=strict
+        )
+        return _buffer(sampler, capacity)
+
+    rb = make()
+    sampler = rb.sampler
+    stream = _transitions(_random_stream(14, 40, max_len=7))
+    at = 0
+    for n in (5, 7, 2, 11, 9, 4, 13):
+        rb.extend(stream[at : at + n])
+        at += n
+        rb.sample(2 * slice_len)
+        rb.update_priority(torch.arange(len(rb)), torch.rand(len(rb)) + 0.5)
+        valid = set(_valid_starts(_our_trajectories(sampler), slice_len, capacity, strict))
+        in_tree = set((sampler.tree.values() > 0).nonzero().reshape(-1).tolist())
+        assert in_tree == valid
+        merged = sampler.tree.values() + sampler._held.values()
+        assert bool((merged[: len(rb)] > 0).all())
+        batch = rb.sample(4 * slice_len)
+        ends = batch["next", "truncated"].reshape(-1).nonzero().reshape(-1).tolist()
+        assert len(ends) == 4
+        begin = 0
+        for end in ends:
+            one = batch[begin : end + 1]
+            assert one["episode"].unique().numel() == 1
+            assert torch.equal((one["index"].reshape(-1) - one["index"][0]) % capacity, torch.arange(end + 1 - begin))
+            assert int(one["index"][0]) in valid
+            begin = end + 1
+    rb.dumps(tmp_path / "ckpt")
+    restored = make()
+    restored.loads(tmp_path / "ckpt")
+    restored.sample(2 * slice_len)
+    assert torch.equal(restored.sampler.tree.values(), sampler.tree.values())
+    assert torch.equal(restored.sampler._held.values(), sampler._held.values())
+
+
+# ---------------------------------------------------------------------- storages and buffers
+@pytest.mark.parametrize("kind", ["memmap", "list"])
+def test_other_storages_give_the_tensor_storage_draws(kind, tmp_path):
+    data = _transitions(_random_stream(15, 12, max_len=8))
+    storage = {
+        "memmap": lambda: gpubuf.LazyMemmapStorage(40, scratch_dir=tmp_path),
+        "list": lambda: gpubuf.ListStorage(40),
+    }[kind]
+    reference = _buffer(gpubuf.SliceSampler(slice_len=3, traj_key="episode"), 40, seed=16)
+    other = gpubuf.TensorDictReplayBuffer(
+        storage=storage(),
+        sampler=gpubuf.SliceSampler(slice_len=3, traj_key="episode"),
+        generator=torch.Generator().manual_seed(16),
+    )
+    for rb in (reference, other):
+        rb.extend(data[:30])
+        rb.extend(data[30:])
+    for _ in range(3):
+        a, b = reference.sample(12), other.sample(12)
+        assert torch.equal(a["obs"], b["obs"])
+        assert torch.equal(a["next", "truncated"], b["next", "truncated"])
+    assert _our_trajectories(reference.sampler) == _our_trajectories(other.sampler)
+
+
+def test_prefetch_returns_the_draws_of_a_plain_buffer():
+    data = _transitions(_random_stream(17, 20, max_len=9))
+
+    def make(prefetch):
+        return gpubuf.TensorDictReplayBuffer(
+            storage=gpubuf.LazyTensorStorage(60),
+            sampler=gpubuf.SliceSampler(num_slices=4, traj_key="episode"),
+            generator=torch.Generator().manual_seed(18),
+            batch_size=16,
+            prefetch=prefetch,
+        )
+
+    plain, ahead = make(None), make(2)
+    for rb in (plain, ahead):
+        rb.extend(data[:40])
+    assert torch.equal(plain.sample()["obs"], ahead.sample()["obs"])
+    for rb in (plain, ahead):
+        rb.extend(data[40:])  # drops the batches drawn ahead, and their draws
+    for _ in range(3):
+        assert torch.equal(plain.sample()["obs"], ahead.sample()["obs"])
+
+
+def test_tensordict_priority_update_from_a_sampled_batch():
+    capacity, slice_len = 40, 4
+    rb = gpubuf.TensorDictReplayBuffer(
+        storage=gpubuf.LazyTensorStorage(capacity),
+        sampler=gpubuf.PrioritizedSliceSampler(capacity, 1.0, 1.0, slice_len=slice_len, traj_key="episode"),
+        batch_size=3 * slice_len,
+    )
+    rb.extend(_transitions(_episodes([10, 12, 9])))
+    batch = rb.sample()
+    batch["td_error"] = torch.arange(batch.batch_size[0], dtype=torch.float) + 2.0
+    rb.update_tensordict_priority(batch)
+    rows = batch["index"].reshape(-1)
+    merged = rb.sampler.tree.values() + rb.sampler._held.values()
+    last = {}
+    for r, p in zip(rows.tolist(), batch["td_error"].tolist()):
+        last[r] = p  # the last priority given to a row wins
+    for r, p in last.items():
+        assert math.isclose(float(merged[r]), p + 1e-8, rel_tol=1e-6)
+
+
+@pytest.mark.gpu
+def test_cuda_storage_draws_match_the_cpu_index():
+    data = _transitions(_random_stream(19, 30, max_len=11))
+    cpu = _buffer(gpubuf.SliceSampler(num_slices=8, traj_key="episode"), 80)
+    cuda = gpubuf.TensorDictReplayBuffer(
+        storage=gpubuf.LazyTensorStorage(80, device="cuda"),
+        sampler=gpubuf.PrioritizedSliceSampler(80, 0.6, 0.4, num_slices=8, traj_key="episode"),
+    )
+    plain = gpubuf.TensorDictReplayBuffer(
+        storage=gpubuf.LazyTensorStorage(80, device="cuda"), sampler=gpubuf.SliceSampler(num_slices=8, traj_key="episode")
+    )
+    for rb in (cpu, cuda, plain):
+        rb.extend(data[:50])
+        rb.extend(data[50:])
+        rb.sample(32)
+    assert _our_trajectories(plain.sampler) == _our_trajectories(cpu.sampler)
+    valid = set(_valid_starts(_our_trajectories(cpu.sampler), 4, 80))
+    assert set((cuda.sampler.tree.values() > 0).nonzero().reshape(-1).tolist()) == valid
+    for rb in (cuda, plain):
+        batch = rb.sample(32)
+        assert batch.device.type == "cuda"
+        rows = batch["index"].reshape(8, 4)
+        assert ((rows - rows[:, :1]) % 80 == torch.arange(4, device="cuda")).all()
+        episodes = batch["episode"].reshape(8, 4)
+        assert (episodes == episodes[:, :1]).all()
+
+
+def test_ensemble_members_sample_slices():
+    members = [
+        gpubuf.TensorDictReplayBuffer(
+            storage=gpubuf.LazyTensorStorage(50), sampler=gpubuf.SliceSampler(slice_len=4, traj_key="episode")
+        )
+        for _ in range(2)
+    ]
+    for i, rb in enumerate(members):
+        rb.extend(_transitions(_random_stream(30 + i, 10, max_len=9) + 100 * i))
+    ensemble = gpubuf.ReplayBufferEnsemble(*members, batch_size=16, num_buffer_sampled=2)
+    batch = ensemble.sample()
+    assert batch.batch_size == (2, 8)
+    for chunk, member in zip(batch.unbind(0), batch["index", "buffer_ids"][:, 0].tolist()):
+        for one in chunk.reshape(2, 4).unbind(0):
+            assert one["episode"].unique().numel() == 1 and int(one["episode"][0]) // 100 == member
+            rows = one["index", "index"]
+            assert torch.equal((rows - rows[0]) % 50, torch.arange(4))
+
+
+def test_boundary_source_detection_and_optional_info_entries():
+    data = _transitions(_episodes([4, 6, 5]))
+    rb = _buffer(gpubuf.SliceSampler(slice_len=2), 30)  # neither key: "episode" is found
+    rb.extend(data)
+    rb.sample(4)
+    assert rb.sampler._source == ("traj", ("episode",))
+    collector = data.clone()
+    collector["collector", "traj_ids"] = collector["episode"] + 7
+    rb = _buffer(gpubuf.SliceSampler(slice_len=2), 30)
+    rb.extend(collector)
+    rb.sample(4)
+    assert rb.sampler._source == ("traj", ("collector", "traj_ids"))
+    bare = data.exclude("episode")
+    rb = _buffer(gpubuf.SliceSampler(slice_len=2), 30)
+    rb.extend(bare)
+    rb.sample(4)
+    assert rb.sampler._source == ("end", (("next", "done"),))
+
+    rb = _buffer(gpubuf.SliceSampler(slice_len=2, traj_key="episode", truncated_key=None, init_key=None), 30)
+    rb.extend(data)
+    batch, info = rb.sample(8, return_info=True)
+    assert set(info) == {"index"}
+    assert ("next", "truncated") not in batch.keys(True)
+    assert torch.equal(batch["is_init"], rb.storage._storage["is_init"][batch["index"].reshape(-1)])

@@ -1,0 +1,75 @@
+"""The slice-window draw: the twin against a per-slice brute force, and every backend against the twin."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gpubuf.ops._dispatch import numba_importable
+from gpubuf.ops.slice_windows import slice_windows, slice_windows_ref
+
+
+def _tables(seed: int, capacity: int, seq_length: int, wrap: bool):
+    """A ring of trajectories over a storage of ``capacity`` rows, the eligible ones listed."""
+    g = torch.Generator().manual_seed(seed)
+    written = capacity + 13 if wrap else capacity - 3
+    lower = max(written - capacity, 0)
+    starts, t = [], 0
+    while t < written:
+        starts.append(t)
+        t += int(torch.randint(1, 3 * seq_length, (1,), generator=g))
+    stops = [s - 1 for s in starts[1:]] + [written - 1]
+    live = [(i, a, b) for i, (a, b) in enumerate(zip(starts, stops)) if b >= lower]
+    start = torch.zeros(capacity + 1, dtype=torch.int64)
+    stop = torch.zeros(capacity + 1, dtype=torch.int64)
+    for i, a, b in live:
+        start[i % capacity], stop[i % capacity] = a, b
+    eligible = [i for i, a, b in live if b - max(a, lower) + 1 >= seq_length]
+    front = 5  # anywhere in the ring
+    slots = torch.zeros(capacity + 1, dtype=torch.int64)
+    for position, i in enumerate(eligible):
+        slots[(front + position) % capacity] = i
+    return slots, start, stop, torch.tensor([front]), torch.tensor([len(eligible)]), lower, eligible
+
+
+@pytest.mark.parametrize("wrap", [False, True])
+@pytest.mark.parametrize("seq_length", [1, 3, 8])
+def test_twin_matches_brute_force(wrap, seq_length):
+    capacity = 61
+    slots, start, stop, front, count, lower, eligible = _tables(1, capacity, seq_length, wrap)
+    u = torch.rand(2 * 33, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    got = slice_windows_ref(slots, start, stop, front, count, u, lower, capacity, seq_length).view(33, seq_length)
+    for s in range(33):
+        g = eligible[math.floor(float(u[s]) * len(eligible))]
+        a = max(int(start[g % capacity]), lower)
+        n = int(stop[g % capacity]) - a + 1
+        first = a + math.floor(float(u[33 + s]) * (n - seq_length + 1))
+        assert got[s].tolist() == [(first + j) % capacity for j in range(seq_length)]
+
+
+@pytest.mark.parametrize("backend", ["triton", "numba"])
+@pytest.mark.parametrize("slices", [1, 31, 32, 33])
+def test_backends_match_the_twin(backend, slices):
+    if backend == "numba" and not numba_importable():
+        pytest.skip("numba is not installed")
+    capacity, seq_length = 97, 5
+    slots, start, stop, front, count, lower, _ = _tables(3, capacity, seq_length, True)
+    u = torch.rand(2 * slices, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    u[0] = 1.0 - 2.0**-53  # the largest uniform still lands in range
+    want = slice_windows_ref(slots, start, stop, front, count, u, lower, capacity, seq_length)
+    got = slice_windows(slots, start, stop, front, count, u, lower, capacity, seq_length, backend=backend)
+    assert torch.equal(got, want)
+    assert int(got.min()) >= 0 and int(got.max()) < capacity
+
+
+def test_bad_inputs_raise():
+    slots, start, stop, front, count, lower, _ = _tables(5, 20, 2, False)
+    u = torch.rand(6, dtype=torch.float64)
+    with pytest.raises(TypeError):
+        slice_windows(slots.to(torch.int32), start, stop, front, count, u, lower, 20, 2)
+    with pytest.raises(TypeError):
+        slice_windows(slots, start, stop, front, count, u.float(), lower, 20, 2)
+    with pytest.raises(ValueError):
+        slice_windows(slots, start, stop, front, count, u[:5], lower, 20, 2)
