@@ -36,6 +36,8 @@ __all__ = [
     "ImmutableStorageError",
     "EnsembleBatchSizeError",
     "CorruptRowError",
+    "ShardUnavailableError",
+    "RateLimitTimeoutError",
 ]
 
 
@@ -151,3 +153,29 @@ class CorruptRowError(GpubufError, ValueError):
     def __init__(self, message: str, rows: list[int] | None = None) -> None:
         super().__init__(message)
         self.rows = list(rows or [])
+
+
+# ------------------------------------------------------------------ distributed buffers
+class ShardUnavailableError(GpubufError, RuntimeError):
+    """A shard of a distributed buffer cannot be reached: its actor died or is restarting.
+
+    The other shards keep serving; a restarted shard reloads its last checkpoint.
+
+    Attributes:
+        shard: the number of the shard that failed.
+    """
+
+    def __init__(self, message: str, shard: int) -> None:
+        super().__init__(message)
+        self.shard = shard
+
+    def __reduce__(self):
+        # Keeps ``shard`` when the error crosses a process boundary (Ray tasks).
+        return (type(self), (self.args[0], self.shard))
+
+
+class RateLimitTimeoutError(GpubufError, TimeoutError):
+    """A rate limiter did not admit an insert or a sample before the timeout (at once for ``wait=False``).
+
+    Nothing was written or sampled: the call can be retried.
+    """
