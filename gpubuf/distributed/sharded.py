@@ -240,6 +240,16 @@ class ShardedReplayBuffer:
         return self._batch_size
 
     @property
+    def shard_key(self) -> Any:
+        """The key routing rows to shards (``data[shard_key] % num_shards``), or None for round
+        robin; may be changed between writes."""
+        return self._shard_key
+
+    @shard_key.setter
+    def shard_key(self, key: Any) -> None:
+        self._shard_key = key
+
+    @property
     def rate_limiter(self) -> RateLimiter | None:
         return None if self._limiter is None else self._limiter.limiter
 

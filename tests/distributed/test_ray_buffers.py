@@ -11,6 +11,7 @@ import math
 import os
 import signal
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import pytest
@@ -119,6 +120,21 @@ def test_four_writer_tasks_into_four_shards_lose_and_duplicate_nothing(sharded):
         assert torch.equal(sharded[index]["id"], torch.arange(writer * ROWS, (writer + 1) * ROWS))
 
 
+def test_rows_routed_by_key_land_on_the_shard_the_key_names(sharded):
+    sharded.empty()
+    sharded.shard_key = "id"
+    try:
+        ids = torch.randperm(400, generator=torch.Generator().manual_seed(2))
+        index = sharded.extend(rows(ids))
+    finally:
+        sharded.shard_key = None
+    shard_of, _ = sharded.split_index(index)
+    assert torch.equal(shard_of, ids % SHARDS)
+    assert torch.equal(sharded[index]["id"], ids)
+    for s in range(SHARDS):
+        assert torch.equal(torch.sort(sharded.shard(s)[:]["id"]).values, torch.arange(s, 400, SHARDS))
+
+
 def _chi2_critical(df: int, z: float = 3.719) -> float:
     """The chi-square quantile for ``df`` degrees of freedom at upper tail 1e-4 (Wilson-Hilferty)."""
     h = 2.0 / (9.0 * df)
@@ -194,7 +210,7 @@ SPI, MIN_SIZE, ERROR_BUFFER = 2.0, 500, 300.0
 INSERT_BATCHES, INSERT_ROWS, SAMPLE_BATCHES, SAMPLE_ROWS = 15, 100, 24, 100
 
 
-@ray.remote(num_cpus=0.5)
+@ray.remote
 def limited_writer(buffer, writer: int) -> list[dict]:
     seen = []
     for b in range(INSERT_BATCHES):
@@ -204,7 +220,6 @@ def limited_writer(buffer, writer: int) -> list[dict]:
     return seen
 
 
-@ray.remote(num_cpus=0.5)
 def limited_sampler(buffer) -> tuple[int, list[dict]]:
     seen, drawn = [], 0
     for _ in range(SAMPLE_BATCHES):
@@ -228,10 +243,12 @@ def test_rate_limiter_holds_the_ratio_under_concurrent_writers_and_samplers(ray_
         with pytest.raises(TimeoutError):
             rb.sample(SAMPLE_ROWS, wait=True, timeout=0.2)  # nothing will be inserted meanwhile
 
+        # Writers are Ray tasks (other processes), samplers threads of this one: all at once.
         writers = [limited_writer.remote(rb, w) for w in range(2)]
-        samplers = [limited_sampler.remote(rb) for _ in range(2)]
+        with ThreadPoolExecutor(2) as pool:
+            samplers = [pool.submit(limited_sampler, rb.client()) for _ in range(2)]
+            sampled = [f.result() for f in samplers]
         written = [s for seen in ray.get(writers) for s in seen]
-        sampled = ray.get(samplers)
         snapshots = written + [s for _, seen in sampled for s in seen]
 
         for snap in snapshots:
