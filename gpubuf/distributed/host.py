@@ -110,24 +110,33 @@ class BufferHost:
             out.update(prioritized=True, mass=float(tree.total()), min=float(tree.min()), beta=float(sampler.beta))
         return out
 
-    def extend_shard(self, data: Any, offset: int, kwargs: dict | None = None) -> torch.Tensor:
-        """Extends the buffer; returns the indices written plus ``offset`` (global indices)."""
+    # The shard calls answer with the shard's :meth:`stats` after the call, so that a sharded
+    # client splits its next sample among shards without a round trip of its own.
+    def extend_shard(self, data: Any, offset: int, kwargs: dict | None = None) -> tuple[torch.Tensor, dict]:
+        """Extends the buffer; returns the indices written plus ``offset`` (global indices), and the stats."""
         index = self.buffer.extend(data, **(kwargs or {}))
-        return torch.as_tensor(index) + offset
+        return torch.as_tensor(index) + offset, self.stats()
 
-    def sample_shard(self, batch_size: int, offset: int, global_min: float | None) -> tuple[Any, dict]:
+    def sample_shard(self, batch_size: int, offset: int, global_min: float | None) -> tuple[Any, dict, dict]:
         """Samples ``batch_size`` items, with global indices and importance weights.
 
         Args:
-            batch_size: the number of items to draw from this shard.
+            batch_size: the number of items to draw from this shard; 0 draws nothing (the
+                call then only reports the stats).
             offset: added to the indices (``info["index"]`` and a TensorDict's ``"index"``).
             global_min: the smallest transformed priority over every shard; the weights
                 ``(P_i / P_min,shard) ** -beta`` are rescaled to ``(P_i / global_min) ** -beta``.
                 None for samplers without priorities.
 
         Returns:
-            ``(data, info)``.
+            ``(data, info, stats)``; ``(None, {}, stats)`` for ``batch_size == 0`` and when
+            the shard holds nothing that can be drawn.
         """
+        stats = self.stats()
+        if batch_size == 0 or stats["size"] == 0 or (stats["prioritized"] and not stats["mass"] > 0):
+            # Nothing asked, or nothing to draw from (the client's view of this shard was old):
+            # the client draws again with these stats.
+            return None, {}, stats
         buffer = self.buffer
         data, info = buffer.sample(batch_size, return_info=True)
         info = dict(info)
@@ -145,13 +154,15 @@ class BufferHost:
             for key in ("index", "priority_weight"):
                 if key in info and key in data.keys():
                     data.set(key, info[key].to(data.get(key).device))
-        return data, info
+        return data, info, self.stats()
 
-    def update_priority_shard(self, index: torch.Tensor, priority: torch.Tensor) -> None:
+    def update_priority_shard(self, index: torch.Tensor, priority: torch.Tensor) -> dict:
         self.buffer.update_priority(index, priority)
+        return self.stats()
 
-    def update_tensordict_priority_shard(self, data: TensorDictBase) -> None:
+    def update_tensordict_priority_shard(self, data: TensorDictBase) -> dict:
         self.buffer.update_tensordict_priority(data)
+        return self.stats()
 
     def checkpoint(self) -> str:
         """Writes the buffer to ``checkpoint_dir`` (pickle-free, atomic) and returns the path."""

@@ -188,6 +188,8 @@ class ShardedReplayBuffer:
         self._next_shard = int(torch.randint(self._num_shards, (), generator=self._generator))
         if not hasattr(self, "_dead"):
             self._dead = set()
+        # The last stats each shard sent this client (see _sample_once).
+        self._shard_stats: dict[int, dict] = {}
 
     def _spawn(self, shard: int) -> Any:
         """Starts shard ``shard``'s actor under its name (restoring its checkpoint if there is one)."""
@@ -299,13 +301,17 @@ class ShardedReplayBuffer:
             return False
         self._handles[shard] = handle
         self._dead.discard(shard)
+        self._shard_stats.pop(shard, None)
         return True
 
-    def _gather(self, calls: dict[int, Callable[[Any], Any]]) -> tuple[dict[int, Any], dict[int, BaseException]]:
+    def _gather(
+        self, calls: dict[int, Callable[[Any], Any]], into_stats: bool = False
+    ) -> tuple[dict[int, Any], dict[int, BaseException]]:
         """Runs one remote call per shard, concurrently; returns the results and the shards that failed.
 
         A shard whose actor is gone is looked up again by name once (another process may have
-        restarted it) and the call retried there.
+        restarted it) and the call retried there. With ``into_stats`` the results are shard
+        stats, kept for the next sample.
         """
         gone = actor_gone_errors()
         refs = {i: call(self._handles[i]) for i, call in calls.items()}
@@ -324,6 +330,8 @@ class ShardedReplayBuffer:
                         err = again
                 failed[i] = err
                 self._dead.add(i)
+        if into_stats:
+            self._shard_stats.update(results)
         return results, failed
 
     def _on(self, shard: int, call: Callable[[Any], Any]) -> Any:
@@ -394,7 +402,8 @@ class ShardedReplayBuffer:
             offset = shard * self._stride
             results, failed = self._gather({shard: lambda h: h.extend_shard.remote(data, offset, kwargs)})
             if not failed:
-                return results[shard]
+                index, self._shard_stats[shard] = results[shard]
+                return index
             last = failed[shard]
         raise self._unavailable(min(self._dead) if self._dead else 0, last)
 
@@ -412,7 +421,7 @@ class ShardedReplayBuffer:
         calls = {i: (lambda h, i=i: h.extend_shard.remote(parts[i], offsets[i], kwargs)) for i in parts}
         results, failed = self._gather(calls)
         index = torch.full((n,), -1, dtype=torch.long)
-        for i, local in results.items():
+        for i, (local, self._shard_stats[i]) in results.items():
             index[masks[i]] = local.reshape(-1).to(torch.long)
         if failed:
             shard = min(failed)
@@ -446,7 +455,7 @@ class ShardedReplayBuffer:
         for i in torch.unique(shard).tolist():
             m = shard == i
             calls[i] = lambda h, li=local[m], pi=priority[m]: h.update_priority_shard.remote(li, pi)
-        self._raise_failed(self._gather(calls)[1])
+        self._raise_failed(self._gather(calls, into_stats=True)[1])
 
     def update_tensordict_priority(self, data: TensorDictBase) -> None:
         """Reads ``data["index"]`` (global) and ``data[priority_key]`` and updates each owning shard.
@@ -465,7 +474,7 @@ class ShardedReplayBuffer:
             part = data[m].clone(False)
             part.set("index", local[m].to(data.get("index").device))
             calls[i] = lambda h, part=part: h.update_tensordict_priority_shard.remote(part)
-        self._raise_failed(self._gather(calls)[1])
+        self._raise_failed(self._gather(calls, into_stats=True)[1])
 
     def _raise_failed(self, failed: dict[int, BaseException]) -> None:
         if failed:
@@ -482,7 +491,7 @@ class ShardedReplayBuffer:
     def stats(self) -> dict[str, Any]:
         """Per shard: size, write count, capacity (and priority mass, minimum); plus the rate
         limiter's counters. Shards that are down are listed under ``"unavailable"``."""
-        results, failed = self._gather({i: lambda h: h.stats.remote() for i in self._live()})
+        results, failed = self._gather({i: lambda h: h.stats.remote() for i in self._live()}, into_stats=True)
         out: dict[str, Any] = {"shards": results, "unavailable": sorted(set(failed) | self._dead)}
         if self._limiter is not None:
             out["rate_limiter"] = self._limiter.snapshot()
@@ -551,17 +560,30 @@ class ShardedReplayBuffer:
         return (data, info) if return_info else data
 
     def _sample_once(self, batch_size: int) -> tuple[Any, dict] | None:
-        """One attempt: None when a shard went down on the way (the caller draws again)."""
+        """One attempt: None when a shard went down on the way (the caller draws again).
+
+        The batch is split among the shards by the sizes and masses they reported with their
+        last answer to this client (this client's writes and updates included); shards not
+        heard from yet are asked first. Every live shard is part of each sample call (with 0
+        items when the split gives it none), so their reports stay current: a shard filled by
+        other processes is seen from the next sample on.
+        """
         live = self._live()
         if not live:
             return None
-        stats, failed = self._gather({i: lambda h: h.stats.remote() for i in live})
-        if failed:
-            return None
+        unknown = [i for i in live if i not in self._shard_stats]
+        if unknown:
+            if self._gather({i: lambda h: h.stats.remote() for i in unknown}, into_stats=True)[1]:
+                return None
+        stats = {i: self._shard_stats[i] for i in live}
         shards = sorted(stats)
         prioritized = any(stats[i]["prioritized"] for i in shards)
         weights = torch.tensor([stats[i]["mass"] if prioritized else stats[i]["size"] for i in shards], dtype=torch.float64)
         if not float(weights.sum()) > 0:
+            # Reports may be old (other processes write too): ask once more before giving up.
+            if not unknown:
+                self._shard_stats.clear()
+                return self._sample_once(batch_size)
             raise EmptyBufferError(
                 "every shard that is up is empty" + (" or has only zero priorities" if prioritized else "")
             )
@@ -569,17 +591,17 @@ class ShardedReplayBuffer:
         counts = torch.bincount(drawn, minlength=len(shards)).tolist()
         global_min = None
         if prioritized:
-            mins = [stats[i]["min"] for i in shards if stats[i]["mass"] > 0]
-            global_min = min(mins)
+            global_min = min(stats[i]["min"] for i in shards if stats[i]["mass"] > 0)
         calls = {
             shard: (lambda h, k=k, off=shard * self._stride: h.sample_shard.remote(k, off, global_min))
             for shard, k in zip(shards, counts)
-            if k > 0
         }
         results, failed = self._gather(calls)
-        if failed:
-            return None
-        parts = [results[s] for s in sorted(results)]
+        for shard, (_, _, shard_stats) in results.items():
+            self._shard_stats[shard] = shard_stats
+        if failed or any(results[s][0] is None and calls_k > 0 for s, calls_k in zip(shards, counts)):
+            return None  # a shard went down, or had less to draw from than reported: draw again
+        parts = [results[s] for s in sorted(results) if results[s][0] is not None]
         data = _concat([p[0] for p in parts])
         info: dict[str, Any] = {}
         for key in parts[0][1]:
@@ -689,6 +711,7 @@ class ShardedReplayBuffer:
         get(handle.pid.remote())  # ready, checkpoint loaded
         self._handles[shard] = handle
         self._dead.discard(shard)
+        self._shard_stats.pop(shard, None)
 
     def close(self) -> None:
         """Stops every shard actor (and the rate limiter's), and the Ray runtime if this buffer
