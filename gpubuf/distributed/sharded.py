@@ -497,13 +497,18 @@ class ShardedReplayBuffer:
             out["rate_limiter"] = self._limiter.snapshot()
         return out
 
+    def _live_stats(self) -> list[dict]:
+        results, _ = self._gather({i: lambda h: h.stats.remote() for i in self._live()}, into_stats=True)
+        return list(results.values())
+
     def __len__(self) -> int:
         """Items held by the shards that are up."""
-        return sum(s["size"] for s in self.stats()["shards"].values())
+        return sum(s["size"] for s in self._live_stats())
 
     @property
     def write_count(self) -> int:
-        return sum(s["write_count"] for s in self.stats()["shards"].values())
+        """Items written to the shards that are up since their last ``empty``."""
+        return sum(s["write_count"] for s in self._live_stats())
 
     def can_sample(self, batch_size: int | None = None) -> bool:
         """Whether a sample would be admitted now (by the rate limiter; without one, whether any
