@@ -39,6 +39,8 @@ __all__ = [
     "SliceArgumentError",
     "TrajectoryKeyError",
     "TrajectoryLengthError",
+    "ShardUnavailableError",
+    "RateLimitTimeoutError",
 ]
 
 
@@ -175,3 +177,29 @@ class TrajectoryKeyError(SchemaMismatchError, KeyError):
 class TrajectoryLengthError(GpubufError, RuntimeError):
     """No stored trajectory is long enough for the slices asked for (``strict_length=True``),
     a ``RuntimeError`` as in TorchRL."""
+
+
+# ------------------------------------------------------------------ distributed buffers
+class ShardUnavailableError(GpubufError, RuntimeError):
+    """A shard of a distributed buffer cannot be reached: its actor died or is restarting.
+
+    The other shards keep serving; a restarted shard reloads its last checkpoint.
+
+    Attributes:
+        shard: the number of the shard that failed.
+    """
+
+    def __init__(self, message: str, shard: int) -> None:
+        super().__init__(message)
+        self.shard = shard
+
+    def __reduce__(self):
+        # Keeps ``shard`` when the error crosses a process boundary (Ray tasks).
+        return (type(self), (self.args[0], self.shard))
+
+
+class RateLimitTimeoutError(GpubufError, TimeoutError):
+    """A rate limiter did not admit an insert or a sample before the timeout (at once for ``wait=False``).
+
+    Nothing was written or sampled: the call can be retried.
+    """
