@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from gpubuf_kernels._config import GATHER_ROWS
-from gpubuf_kernels._launch import check_launch_device, device_guard, unit_bytes
+from gpubuf_kernels._launch import check_launch_device, device_guard, launch, unit_bytes
 
 __all__ = ["gather_rows_triton"]
 
@@ -303,7 +303,9 @@ def gather_rows_triton(
     with device_guard(device):
         for first in range(0, table.shape[0], _MAX_SOURCES_PER_LAUNCH):
             part = table[first : first + _MAX_SOURCES_PER_LAUNCH]
-            _gather_rows_kernel[(row_blocks, part.shape[0])](
+            launch(
+                _gather_rows_kernel,
+                (row_blocks, part.shape[0]),
                 part,
                 index,
                 n_rows,
