@@ -17,9 +17,8 @@ def test_counts_triton_launches_at_the_launch_helper_and_not_the_interpreter_cop
     out = [torch.empty(3, 4), torch.empty(3, dtype=torch.uint8)]
     with count_device_work("cpu") as work:
         gather_rows(sources, index, out, backend="triton", check_bounds=False)
-    assert_work(work, triton_launches=work.triton_launches, launches=work.triton_launches, host_syncs=0)
-    assert work.triton_launches >= 1
-    assert all(name.startswith("triton:_gather") for name in work.kernels)
+    # The gather is one launch; the interpreter's copies of the arguments count for nothing.
+    assert_work(work, launches=1, triton_launches=1, kernels={"triton:_gather_rows_kernel": 1}, host_syncs=0)
     assert torch.equal(out[0], sources[0][index]) and torch.equal(out[1], sources[1][index])
 
 
