@@ -13,7 +13,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "device" / "gpu_su
 
 
 def _run(*args, **env):
-    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60, env=env or None)
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=600, env=env or None)
 
 
 def test_without_a_stage_it_prints_its_usage_and_fails():

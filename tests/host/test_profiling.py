@@ -103,7 +103,7 @@ def test_profiling_script_runs(tmp_path):
     done = subprocess.run(
         [sys.executable, str(script), "--device", "cpu", "--rows", "500", "-B", "16", "--steps", "2",
          "--warmup", "0", "--out-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "host overhead per call" in done.stdout
