@@ -194,6 +194,7 @@ def _gather_rows_kernel(
 SPECIALIZATIONS = [
     {
         "kernel": "_gather_rows_kernel",
+        "label": f"index={index}",
         "signature": {"table_ptr": "*i64", "index_ptr": f"*{index}", "out_base": "i64", "n_rows": "i64",
                       "batch": "i32", "n_sources": "i32"},
         "constexprs": {"BLOCK_ROWS": GATHER_ROWS["BLOCK_ROWS"]},
