@@ -370,7 +370,7 @@ class FrameStackStorage(EncodedStorageBase):
         ids = self._refs.index_select(1, index).reshape(-1)  # [J * B * S]
         g = self._frame_geometry
         out = empty_output(J * B * S, g, index.device)
-        decode_rows(self._frames.table(), ids, out, verify=self.verify, check_bounds=False)
+        decode_rows(self._frames.table(), ids, out, verify=self.verify, check_bounds=False, backend=self._backend)
         out = out.view(J, B, S, *g.shape)
         return [out[j] for j in range(J)]
 
