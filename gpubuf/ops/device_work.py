@@ -198,7 +198,11 @@ def _unwrap_readers() -> None:
 
 @contextlib.contextmanager
 def count_device_work(device: str | torch.device | None = None) -> Iterator[DeviceWork]:
-    """Counts the launches and host syncs of the block it wraps, in this thread.
+    """Counts the launches and host syncs of the block it wraps.
+
+    Torch ops are those of this thread (a dispatch mode is per thread); Triton launches and
+    ``.tolist()`` / ``.numpy()`` reads are those of every thread while the block runs (a
+    prefetching buffer's workers included).
 
     Args:
         device: the device type whose work counts: ``"cuda"`` or ``"cpu"`` (the device path on

@@ -148,12 +148,18 @@ def _spills(ptx: str, arch: int) -> tuple[int, int]:
 
 
 def cache_key(module: str, spec: dict[str, Any], arch: int) -> str:
-    """What a compile result depends on: the kernel's source and the jitted functions it calls
-    (Triton's own ``cache_key``), the specialisation, the target and Triton's version."""
+    """What a compile result depends on: the source of every jitted function of the kernel's
+    module and the module's constexpr globals (a superset of what the kernel calls and reads),
+    the specialisation, the target and Triton's version. Line numbers are left out, so editing a
+    docstring or another function of the module keeps the key."""
     import triton
+    import triton.language as tl
+    from triton.runtime.jit import JITFunction
 
-    fn = getattr(importlib.import_module(f"gpubuf_kernels.{module}"), spec["kernel"])
-    text = json.dumps([fn.cache_key, spec, arch, triton.__version__], sort_keys=True, default=str)
+    found = vars(importlib.import_module(f"gpubuf_kernels.{module}"))
+    sources = sorted((name, value.src) for name, value in found.items() if isinstance(value, JITFunction))
+    constants = sorted((name, repr(value.value)) for name, value in found.items() if isinstance(value, tl.constexpr))
+    text = json.dumps([sources, constants, spec, arch, triton.__version__], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 __all__ = ["GATHER_ROWS", "SUMTREE"]
 
 # Row gather (gather.py). A program copies BLOCK_ROWS output rows of its sources; each width
-# class has its own tile (gather.py's docstring), at most 4 units or 4 16-byte vectors per thread
-# with num_warps=4 and BLOCK_ROWS=32. TARGET_PROGRAMS is how many programs a launch aims for
+# class has its own tile (gather.py's docstring), at most 2 units or 2 16-byte vectors per thread
+# with num_warps=4 and BLOCK_ROWS=32 (registers grow with BLOCK_ROWS: 64 takes 128 on sm_90). TARGET_PROGRAMS is how many programs a launch aims for
 # (about 8 per SM of an H100/H200): below it, sources and column steps are spread over more
 # programs. BLOCK_ROWS must be a power of two; the tests size batches around it, keep it small.
 GATHER_ROWS = {
