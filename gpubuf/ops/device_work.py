@@ -127,7 +127,9 @@ class _Counting(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if not _launch.launching():  # (the interpreter's own copies around a Triton launch)
+        # Skipped: the interpreter's own copies around a Triton launch, and the copy a counted
+        # ``.tolist()`` makes of a CUDA tensor (one sync, counted once).
+        if not (_launch.launching() or getattr(_reading, "depth", 0)):
             self._classify(func, args, kwargs, out)
         return out
 
@@ -169,6 +171,7 @@ def _copy_ends(func: Any, args: tuple, out: Any) -> tuple[str | None, str | None
 _active: list[DeviceWork] = []
 _wrap_lock = threading.Lock()
 _originals: dict[str, Any] = {}
+_reading = threading.local()
 
 
 def _reader(name: str, original: Any) -> Any:
@@ -176,7 +179,11 @@ def _reader(name: str, original: Any) -> Any:
         for work in tuple(_active):
             if self.device.type == work.device_type and not _launch.launching():
                 work._sync(f"Tensor.{name}")
-        return original(self, *args, **kwargs)
+        _reading.depth = getattr(_reading, "depth", 0) + 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _reading.depth -= 1
 
     read.__name__ = name
     read.__doc__ = original.__doc__
