@@ -9,8 +9,11 @@ where the host waits for the device, not by bytes. This module counts both:
   sees every aten op; those that touch a tensor on the counted device count, except ops that
   launch nothing (views, ``empty``, ``detach``, scalar reads, which are counted as syncs).
 - **Host syncs**: ``aten._local_scalar_dense`` (``.item()``, ``bool()``, ``int()``, ``float()``
-  of a device tensor), a blocking copy from the device to the host, and ``.tolist()`` /
-  ``.numpy()`` of a device tensor (which torch serves without an aten op).
+  of a device tensor), a blocking copy from the device to the host, ``.tolist()`` /
+  ``.numpy()`` of a device tensor (which torch serves without an aten op), and ops whose output
+  size depends on the data (``nonzero``, boolean-mask indexing, ``unique``, ``masked_select``,
+  ``repeat_interleave`` without ``output_size``): CUDA reads that size back on the host. These
+  also count as launches.
 - **Host-to-device copies** (``c.host_to_device``), counted apart: each is a launch too, and a
   pageable one blocks the host until the copy is staged.
 
@@ -65,6 +68,17 @@ _NO_LAUNCH = {
     _aten.sym_storage_offset.default,
 }
 _COPIES = {_aten._to_copy.default, _aten.copy_.default, _aten.copy.default}
+# Ops whose output size depends on the data: on CUDA the host reads that size back before it
+# can return (a sync with no ``_local_scalar_dense`` of its own). Boolean-mask indexing and a
+# ``repeat_interleave`` without ``output_size`` are found by their arguments.
+_SIZE_SYNCS = {
+    _aten.nonzero.default,
+    _aten.masked_select.default,
+    _aten._unique.default,
+    _aten._unique2.default,
+    _aten.unique_consecutive.default,
+    _aten.unique_dim.default,
+}
 
 
 @dataclass
@@ -142,6 +156,8 @@ class _Counting(TorchDispatchMode):
             return
         if func.is_view or func in _NO_LAUNCH:
             return
+        if _sizes_from_data(func, args, kwargs) and _on(args, kind):
+            work._sync(f"{func.__name__} (output size read on the host)")
         if func in _COPIES and kind != "cpu":
             src, dst = _copy_ends(func, args, out)
             if src == kind and dst == "cpu":
@@ -153,6 +169,16 @@ class _Counting(TorchDispatchMode):
         if _on(args, kind) or _on(kwargs, kind) or _on(out, kind):
             work.torch_ops += 1
             work.kernels[f"aten:{func.__name__}"] += 1
+
+
+def _sizes_from_data(func: Any, args: tuple, kwargs: dict) -> bool:
+    if func in _SIZE_SYNCS:
+        return True
+    if func is _aten.index.Tensor:
+        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1])
+    if func is _aten.repeat_interleave.Tensor:
+        return kwargs.get("output_size") is None
+    return False
 
 
 def _on(tree: Any, kind: str) -> bool:
