@@ -160,10 +160,8 @@ class _Counting(TorchDispatchMode):
             work._sync(f"{func.__name__} (output size read on the host)")
         if func in _COPIES and kind != "cpu":
             src, dst = _copy_ends(func, args, out)
-            if src == kind and dst == "cpu":
-                if not kwargs.get("non_blocking", False):
-                    work._sync(f"{func.__name__} (blocking copy to the host)")
-                return
+            if src == kind and dst == "cpu" and not kwargs.get("non_blocking", False):
+                work._sync(f"{func.__name__} (blocking copy to the host)")
             if src == "cpu" and dst == kind:
                 work.host_to_device += 1
         if _on(args, kind) or _on(kwargs, kind) or _on(out, kind):
