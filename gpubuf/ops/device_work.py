@@ -160,7 +160,7 @@ class _Counting(TorchDispatchMode):
             work._sync(f"{func.__name__} (output size read on the host)")
         if func in _COPIES and kind != "cpu":
             src, dst = _copy_ends(func, args, out)
-            if src == kind and dst == "cpu" and not kwargs.get("non_blocking", False):
+            if src == kind and dst == "cpu" and not _non_blocking(func, args, kwargs):
                 work._sync(f"{func.__name__} (blocking copy to the host)")
             if src == "cpu" and dst == kind:
                 work.host_to_device += 1
@@ -181,6 +181,13 @@ def _sizes_from_data(func: Any, args: tuple, kwargs: dict) -> bool:
 
 def _on(tree: Any, kind: str) -> bool:
     return any(isinstance(x, torch.Tensor) and x.device.type == kind for x in tree_iter(tree))
+
+
+def _non_blocking(func: Any, args: tuple, kwargs: dict) -> bool:
+    """The ``non_blocking`` flag of a copy op (positional for ``copy_``, keyword for ``_to_copy``)."""
+    if "non_blocking" in kwargs:
+        return bool(kwargs["non_blocking"])
+    return bool(args[2]) if func is _aten.copy_.default and len(args) > 2 else False
 
 
 def _copy_ends(func: Any, args: tuple, out: Any) -> tuple[str | None, str | None]:
