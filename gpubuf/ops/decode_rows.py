@@ -18,8 +18,8 @@ from gpubuf.codec.checksum import adler32_ranges, adler32_ranges_host, as_uint32
 from gpubuf.codec.errors import CorruptRowError
 from gpubuf.codec.format import MODE_RAW, MODE_REF, MODE_RUNS, MODE_UP, RESIDUAL_BIT, RUN_BLOCK, RowGeometry
 from gpubuf.errors import DeviceMismatchError, IndexOutOfRangeError
-from gpubuf.ops._dispatch import kernel_module, resolve_backend
 from gpubuf.host_memory import empty_host
+from gpubuf.ops._dispatch import implementation, kernel_module, resolve
 
 __all__ = ["decode_rows", "decode_rows_ref", "RowTable", "empty_output"]
 
@@ -396,7 +396,7 @@ def decode_rows(
         if int(lo) < 0 or int(hi) >= n_rows:
             bad = int(lo) if int(lo) < 0 else int(hi)
             raise IndexOutOfRangeError(f"row index {bad} is out of range for {n_rows} stored rows")
-    which = resolve_backend(table.arena, backend, has_cpu_kernel=True)
+    which = resolve("decode_rows", table.arena, backend)
     if which == "triton":
         return _decode_triton(table, index, out, verify)
     if which == "numba":
@@ -410,7 +410,7 @@ def _decode_triton(table: RowTable, index: torch.Tensor, out: torch.Tensor | Non
     leaves unspecified bytes in its output row."""
     if out is None:
         out = empty_output(index.shape[0], table.geometry, table.arena.device)
-    status = kernel_module("codec").decode_rows_triton(table, index, out, verify=verify)
+    status = implementation("decode_rows", "triton")(table, index, out, verify=verify)
     if verify and status.numel():
         failed = status != 0
         if bool(failed.any()):

@@ -14,8 +14,8 @@ import torch
 
 from gpubuf.errors import SchemaMismatchError
 from gpubuf.ops import _checks
-from gpubuf.ops._dispatch import _triton_importable, kernel_module, numba_enabled, resolve_backend
 from gpubuf.host_memory import LARGE_OUTPUT_BYTES, empty_host
+from gpubuf.ops._dispatch import device_path, implementation, kernel_module, numba_enabled, resolve
 
 __all__ = ["gather_rows", "gather_rows_ref"]
 
@@ -78,11 +78,14 @@ def gather_rows(
 ) -> list[torch.Tensor]:
     """Gathers rows ``index`` of every source; see :func:`gather_rows_ref` for the specification.
 
-    CUDA tensors go to one Triton launch for all sources, CPU tensors to the torch twin.
+    CUDA tensors go to one Triton launch for all sources; CPU tensors to the compiled CPU
+    kernel from :data:`ORDERED_GATHER_MIN_ROWS` rows on (it reads the rows in address order),
+    else to the torch twin.
 
     Args:
         sources, index, outs: as in :func:`gather_rows_ref`.
-        backend: ``"auto"`` (by device), ``"torch"`` or ``"triton"``.
+        backend: ``"auto"`` (by device), ``"torch"``, ``"triton"`` or ``"numba"`` (see
+            :mod:`gpubuf.ops._dispatch`).
         check_bounds: verify ``0 <= index < N`` first and raise
             :class:`~gpubuf.errors.IndexOutOfRangeError` otherwise. On CUDA this synchronises;
             callers that produce indices in range by construction (samplers) pass ``False``.
@@ -91,20 +94,21 @@ def gather_rows(
         TypeError, ValueError, SchemaMismatchError, DTypeMismatchError, DeviceMismatchError:
             malformed arguments, before anything is written.
         IndexOutOfRangeError: an index outside ``[0, N)`` with ``check_bounds=True``.
-        BackendUnavailableError: ``backend="triton"`` where Triton cannot run.
+        BackendUnavailableError: ``backend="triton"`` or ``"numba"`` where it cannot run.
     """
     _check(sources, index, outs)
-    which = resolve_backend(sources[0], backend)
+    which = resolve("gather_rows", sources[0], backend)
     if check_bounds:
         _checks.check_index_range(index, sources[0].shape[0])
     if which == "triton":
-        return kernel_module("gather").gather_rows_triton(list(sources), index, None if outs is None else list(outs))
-    if backend == "auto" and _ordered_gather_applies(sources, index):
-        return _gather_ordered(sources, index, outs)
+        return implementation("gather_rows", "triton")(list(sources), index, None if outs is None else list(outs))
+    if which == "numba" and (backend == "numba" or _ordered_gather_applies(sources, index)):
+        if all(src.is_contiguous() for src in sources):
+            return _gather_ordered(sources, index, outs)
     return gather_rows_ref(sources, index, outs)
 
 
-def gather_rows_trusted(sources: Sequence[torch.Tensor], index: torch.Tensor) -> list[torch.Tensor]:
+def gather_rows_trusted(sources: Sequence[torch.Tensor], index: torch.Tensor, *, backend: str = "auto") -> list[torch.Tensor]:
     """The sample path's entry: no argument checks, dispatch by device only.
 
     For callers that built ``sources`` and ``index`` themselves and guarantee the contract of
@@ -113,22 +117,24 @@ def gather_rows_trusted(sources: Sequence[torch.Tensor], index: torch.Tensor) ->
 
     Args:
         sources, index: as in :func:`gather_rows_ref`.
+        backend: the storage's backend; ``"triton"`` takes the device path (one Triton launch)
+            whatever the device, as CUDA tensors do under ``"auto"``.
     """
-    if not index.is_cuda:
-        b = index.shape[0]
-        if b >= ORDERED_GATHER_MIN_ROWS and _ordered_gather_applies(sources, index):
-            return _gather_ordered(sources, index, None)
-        # Contiguous rows: ``stride(0)`` elements each (cheaper than forming the shape).
-        widths = [src.stride(0) * src.element_size() for src in sources]
-        if b >= PREFETCH_MIN_ROWS and numba_enabled():
-            _prefetch_rows(sources, widths, index)
-        return [
-            torch.index_select(src, 0, index) if b * width < LARGE_OUTPUT_BYTES else _index_select_host(src, index)
-            for src, width in zip(sources, widths)
-        ]
-    if _triton_importable():
-        return kernel_module("gather").gather_rows_triton(list(sources), index, None)
-    return [torch.index_select(src, 0, index) for src in sources]
+    if device_path(index, backend):
+        return implementation("gather_rows", "triton")(list(sources), index, None)
+    if index.is_cuda or backend == "torch":
+        return [torch.index_select(src, 0, index) for src in sources]
+    b = index.shape[0]
+    if b >= ORDERED_GATHER_MIN_ROWS and _ordered_gather_applies(sources, index):
+        return _gather_ordered(sources, index, None)
+    # Contiguous rows: ``stride(0)`` elements each (cheaper than forming the shape).
+    widths = [src.stride(0) * src.element_size() for src in sources]
+    if b >= PREFETCH_MIN_ROWS and numba_enabled():
+        _prefetch_rows(sources, widths, index)
+    return [
+        torch.index_select(src, 0, index) if b * width < LARGE_OUTPUT_BYTES else _index_select_host(src, index)
+        for src, width in zip(sources, widths)
+    ]
 
 
 #: From this many rows on, a CPU gather with the compiled kernels prefetches its rows before

@@ -77,6 +77,8 @@ class Storage:
     #: package installs :mod:`gpubuf.checkpoint`'s (a storage exposes its state through
     #: ``state_dict`` and its attributes, and never imports the checkpoint code).
     _checkpoint_io: tuple[Callable[[Any, Any], None], Callable[[Any, Any], None]] | None = None
+    #: The ops' backend (``gpubuf.ops._dispatch``): ``"auto"``, or what the buffer was built with.
+    _backend = "auto"
 
     def __init__(self, max_size: int, *, compilable: bool = False) -> None:
         self.max_size = check_max_size(max_size)

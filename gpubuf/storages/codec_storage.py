@@ -441,7 +441,7 @@ class CompressedTensorStorage(EncodedStorageBase):
 
     def _read_encoded(self, index: torch.Tensor) -> list[torch.Tensor]:
         return [
-            decode_rows(store.table(), index, verify=self.verify, check_bounds=False) for store in self._stores
+            decode_rows(store.table(), index, verify=self.verify, check_bounds=False, backend=self._backend) for store in self._stores
         ]
 
     def _empty_encoded(self) -> None:

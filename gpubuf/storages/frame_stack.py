@@ -32,7 +32,7 @@ from gpubuf.codec.format import RowGeometry
 from gpubuf.ops.match_frames import match_frames
 from gpubuf.storages._row_store import RowStore
 from gpubuf.errors import SchemaMismatchError
-from gpubuf.ops._dispatch import kernel_module, resolve_backend
+from gpubuf.ops._dispatch import kernel_module, resolve
 from gpubuf.ops.decode_rows import decode_rows, empty_output
 from gpubuf.storages._layout import Layout
 from gpubuf.storages.codec_storage import EncodedStorageBase, _norm_key, encode_rows, load_store_state, store_state
@@ -217,7 +217,7 @@ class FrameStackStorage(EncodedStorageBase):
             tail = self._tail
 
         tail_frames = None if tail is None else [tail[2][j] for j in range(J)]
-        if resolve_backend(stacks[0], "auto", has_cpu_kernel=True) == "numba" and self._frame_geometry.itemsize == 1:
+        if resolve("match_frames", stacks[0], "auto") == "numba" and self._frame_geometry.itemsize == 1:
             fid = self._write_compiled(stacks, tail_frames, None if tail is None else tail[1])
         else:
             fid = self._write_steps(stacks, tail_frames, None if tail is None else tail[1])
@@ -279,7 +279,7 @@ class FrameStackStorage(EncodedStorageBase):
         J, S, FB = len(stacks), self._stack, self._frame_bytes
         device = stacks[0].device
         # The compiled matcher reads the frames in place; only the torch steps need the scratch copy.
-        backend = "numba" if resolve_backend(stacks[0], "auto", has_cpu_kernel=True) == "numba" else "torch"
+        backend = "numba" if resolve("match_frames", stacks[0], "auto") == "numba" else "torch"
         buffers = None
         if backend == "torch":
             need = (n + 1) * S * FB
@@ -370,7 +370,7 @@ class FrameStackStorage(EncodedStorageBase):
         ids = self._refs.index_select(1, index).reshape(-1)  # [J * B * S]
         g = self._frame_geometry
         out = empty_output(J * B * S, g, index.device)
-        decode_rows(self._frames.table(), ids, out, verify=self.verify, check_bounds=False)
+        decode_rows(self._frames.table(), ids, out, verify=self.verify, check_bounds=False, backend=self._backend)
         out = out.view(J, B, S, *g.shape)
         return [out[j] for j in range(J)]
 

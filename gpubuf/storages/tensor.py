@@ -344,10 +344,10 @@ class TensorStorage(Storage):
             skip: the position of a leaf not to gather (the buffer fills it itself), or None.
         """
         sources = self._flat_leaves
-        if skip is None:
-            return gather_rows_trusted(sources, index)
-        gathered = gather_rows_trusted(sources[:skip] + sources[skip + 1 :], index)
-        gathered.insert(skip, None)
+        read = sources if skip is None else sources[:skip] + sources[skip + 1 :]
+        gathered = gather_rows_trusted(read, index, backend=self._backend)
+        if skip is not None:
+            gathered.insert(skip, None)
         return gathered
 
     def _build(

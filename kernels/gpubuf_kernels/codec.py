@@ -38,7 +38,9 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["decode_rows_triton", "DECODE_ROWS"]
+from gpubuf_kernels._launch import launch
+
+__all__ = ["decode_rows_triton", "DECODE_ROWS", "SPECIALIZATIONS"]
 
 # Default launch configuration (to be tuned on an H200 with benchmarks/bench_compressed.py).
 # LINE_BLOCK: lines per step of the line-table program. LINES: output lines per decode
@@ -304,6 +306,35 @@ def _decode_lines_kernel(
 def _interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
+#: What the launcher compiles (the AOT compile check reads this): the line table with and
+#: without reference rows and verification, and the decode.
+SPECIALIZATIONS = [
+    {
+        "kernel": "_line_table_kernel",
+        "label": f"refs={has_refs},verify={verify}",
+        "signature": {"arena_ptr": "*u8", "offsets_ptr": "*i64", "lengths_ptr": "*i32", "checksums_ptr": "*i32",
+                      "refs_ptr": "*i32", "tab_ptr": "*i64", "gid_ptr": "*i32", "entry_ptr": "*i64",
+                      "status_ptr": "*i32", "arena_size": "i64", "batch": "i32", "n_lines": "i32", "height": "i32",
+                      "width": "i32", "image_planes": "i32", "mode_bytes": "i32", "raw_bytes": "i32"},
+        "constexprs": {"HAS_REFS": has_refs, "VERIFY": verify, "LINE_BLOCK": DECODE_ROWS["LINE_BLOCK"],
+                       "CHECK_BLOCK": DECODE_ROWS["CHECK_BLOCK"]},
+        "num_warps": DECODE_ROWS["num_warps"],
+    }
+    for has_refs in (False, True)
+    for verify in (False, True)
+] + [
+    {
+        "kernel": "_decode_lines_kernel",
+        "signature": {"arena_ptr": "*u8", "gid_ptr": "*i32", "entry_ptr": "*i64", "has_key_ptr": "*i8",
+                      "out_ptr": "*u8", "runs_bad_ptr": "*i32", "arena_size": "i64", "batch": "i32",
+                      "n_lines": "i32", "height": "i32", "width": "i32", "image_planes": "i32", "itemsize": "i32",
+                      "row_bytes": "i32", "n_chunks": "i32"},
+        "constexprs": {"LINES": DECODE_ROWS["LINES"], "X_BLOCK": DECODE_ROWS["X_BLOCK"],
+                       "RUN_BLOCK": DECODE_ROWS["RUN_BLOCK"]},
+        "num_warps": DECODE_ROWS["num_warps"],
+    }
+]
+
 
 def decode_rows_triton(table, index: torch.Tensor, out: torch.Tensor, *, verify: bool = True) -> torch.Tensor:
     """Decodes rows ``index`` of ``table`` into ``out`` with two Triton launches; returns each row's status.
@@ -360,13 +391,15 @@ def decode_rows_triton(table, index: torch.Tensor, out: torch.Tensor, *, verify:
     out_bytes = out.view(torch.uint8).view(B, -1)
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with guard:
-        _line_table_kernel[(2 * B,)](
+        launch(
+            _line_table_kernel, (2 * B,),
             table.arena, table.offsets, table.lengths, table.checksums, refs, tab, gid, entry, status,
             table.arena.numel(), B, L, g.height, g.width, g.image_planes, g.mode_bytes, g.raw_bytes,
             HAS_REFS=table.refs is not None, VERIFY=verify,
             LINE_BLOCK=cfg["LINE_BLOCK"], CHECK_BLOCK=cfg["CHECK_BLOCK"], num_warps=cfg["num_warps"],
         )
-        _decode_lines_kernel[(B, n_chunks)](
+        launch(
+            _decode_lines_kernel, (B, n_chunks),
             table.arena, gid, entry, has_key, out_bytes, runs_bad,
             table.arena.numel(), B, L, g.height, g.width, g.image_planes, g.itemsize, g.raw_bytes, n_chunks,
             LINES=cfg["LINES"], X_BLOCK=cfg["X_BLOCK"], RUN_BLOCK=cfg["RUN_BLOCK"], num_warps=cfg["num_warps"],

@@ -26,8 +26,9 @@ import triton
 import triton.language as tl
 
 from gpubuf_kernels._config import SUMTREE
+from gpubuf_kernels._launch import launch
 
-__all__ = ["sumtree_sample_triton", "sumtree_update_triton"]
+__all__ = ["sumtree_sample_triton", "sumtree_update_triton", "SPECIALIZATIONS"]
 
 
 
@@ -191,7 +192,8 @@ def sumtree_update_triton(tree, index: torch.Tensor, values: torch.Tensor, *, bl
     keys, perm = _last_wins_keys(index)
     vals = values.index_select(0, perm)
     leaf_block = block or SUMTREE["LEAF_BLOCK"]
-    _sumtree_set_leaves_kernel[(triton.cdiv(n, leaf_block),)](
+    launch(
+        _sumtree_set_leaves_kernel, (triton.cdiv(n, leaf_block),),
         tree.leaves, keys, vals, n, BLOCK=leaf_block, num_warps=SUMTREE["num_warps"]
     )
     refresh_block = block or SUMTREE["REFRESH_BLOCK"]
@@ -200,7 +202,8 @@ def sumtree_update_triton(tree, index: torch.Tensor, values: torch.Tensor, *, bl
     for level in range(tree.depth - 1, -1, -1):
         divisor *= tree.fanout
         child_is_leaf = level == tree.depth - 1
-        _sumtree_refresh_kernel[grid](
+        launch(
+            _sumtree_refresh_kernel, grid,
             tree.leaves,
             tree.sums,
             tree.mins,
@@ -243,7 +246,8 @@ def sumtree_sample_triton(
     if n == 0:
         return index, value
     blk = block or SUMTREE["SAMPLE_BLOCK"]
-    _sumtree_sample_kernel[(triton.cdiv(n, blk),)](
+    launch(
+        _sumtree_sample_kernel, (triton.cdiv(n, blk),),
         tree.leaves,
         tree.sums,
         tree.offsets_tensor(),
@@ -258,3 +262,45 @@ def sumtree_sample_triton(
         num_warps=SUMTREE["num_warps"],
     )
     return index, value
+
+
+def _leaf_type(dtype: str) -> str:
+    return "*fp32" if dtype == "fp32" else "*fp64"
+
+
+#: What the launchers compile (the AOT compile check reads this): fp32 and fp64 leaves, both
+#: refresh kinds, and the draw at depth 4 (up to 1M leaves at fan-out 32) and 5, i.i.d. and
+#: stratified.
+SPECIALIZATIONS = [
+    {
+        "kernel": "_sumtree_set_leaves_kernel",
+        "label": leaves,
+        "signature": {"leaves_ptr": _leaf_type(leaves), "index_ptr": "*i64", "value_ptr": _leaf_type(leaves), "n": "i32"},
+        "constexprs": {"BLOCK": SUMTREE["LEAF_BLOCK"]},
+        "num_warps": SUMTREE["num_warps"],
+    }
+    for leaves in ("fp32", "fp64")
+] + [
+    {
+        "kernel": "_sumtree_refresh_kernel",
+        "label": f"{leaves},child_is_leaf={child_is_leaf}",
+        "signature": {"leaves_ptr": _leaf_type(leaves), "sums_ptr": "*fp64", "mins_ptr": "*fp64", "index_ptr": "*i64",
+                      "n": "i32", "divisor": "i64", "parent_off": "i64", "child_off": "i64"},
+        "constexprs": {"FANOUT": 32, "CHILD_IS_LEAF": child_is_leaf, "BLOCK": SUMTREE["REFRESH_BLOCK"]},
+        "num_warps": SUMTREE["num_warps"],
+    }
+    for leaves in ("fp32", "fp64")
+    for child_is_leaf in (False, True)
+] + [
+    {
+        "kernel": "_sumtree_sample_kernel",
+        "label": f"{leaves},depth={depth},stratified={stratified}",
+        "signature": {"leaves_ptr": _leaf_type(leaves), "sums_ptr": "*fp64", "offsets_ptr": "*i64",
+                      "uniform_ptr": "*fp64", "index_out_ptr": "*i64", "value_out_ptr": _leaf_type(leaves), "n": "i32"},
+        "constexprs": {"DEPTH": depth, "FANOUT": 32, "STRATIFIED": stratified, "BLOCK": SUMTREE["SAMPLE_BLOCK"]},
+        "num_warps": SUMTREE["num_warps"],
+    }
+    for leaves in ("fp32", "fp64")
+    for depth in (4, 5)
+    for stratified in (False, True)
+]

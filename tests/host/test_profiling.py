@@ -41,8 +41,11 @@ def test_sample_session_writes_a_trace_and_a_table(tmp_path):
     assert ops["gpubuf::sample"].kind == "range" and ops["gpubuf::sample"].calls_per_step == 1
     assert result.wall_s > 0 and result.device_s > 0
     assert result.host_overhead_s == pytest.approx(max(result.wall_s - result.device_s, 0.0))
+    # One call counted: the ten gathers and the draw, on the host (the CPU twin), no sync.
+    assert result.work.kernels["aten:index_select.default"] == 10 and result.work.host_syncs == 0
     table = format_table(result)
-    for text in ("aten::index_select", "host overhead per call", "device time per call", str(result.trace_path)):
+    for text in ("aten::index_select", "host overhead per call", "device time per call", str(result.trace_path),
+                 f"{result.work.launches} launches"):
         assert text in table
 
 
