@@ -8,10 +8,10 @@ sharable: a forked or spawned worker, or an unrelated process constructing the s
 with ``shared_init=True``, maps the same files and moves the same cursor.
 
 Round-robin writers reserve rows through :meth:`LazyMemmapStorage._append_rows`: the cursor moves
-under the storage's lock, so concurrent writers in several processes get disjoint rows and never
-overwrite each other. While the storage fills, the copy stays under the lock too, so that every
-row below ``len(storage)`` holds data for a reader in another process; once the storage is full,
-writers copy side by side.
+and the rows are copied under the storage's lock, so concurrent writers in several processes get
+disjoint rows, every row below ``len(storage)`` holds data for a reader in another process, and
+once the storage wraps, rows are overwritten in the order they were reserved (a writer delayed by
+a whole lap never copies over a newer reservation's rows).
 """
 
 from __future__ import annotations
@@ -547,9 +547,9 @@ class LazyMemmapStorage(LazyTensorStorage):
         """Writes a batch at ``cursor``, the shared write cursor (:attr:`_write_state`): the writers' path.
 
         Validates the batch (nothing changes if it is rejected), creates or maps the files on
-        the first write, reserves the rows by moving the cursor under the storage's lock,
-        copies the rows outside the lock, then adds them to the length. Writers in other
-        processes reserve other rows meanwhile. See :meth:`Storage._append_rows` for the
+        the first write, then, under the storage's lock, reserves the rows by moving the
+        cursor, copies them and adds them to the length: writers in several processes take
+        turns, and no row ever holds fields of two writes. See :meth:`Storage._append_rows` for the
         arguments; ``index_key``'s leaf is filled with each row's own dim-0 index here,
         without touching ``data``.
 
@@ -588,19 +588,14 @@ class LazyMemmapStorage(LazyTensorStorage):
             self._ensure_allocated(self._row_ranges(first, count))
             cursor.cursor = (start + n) % cap0
             cursor.write_count = cursor.write_count + n
-            # While the storage fills, the copy stays under the lock: rows then become visible
-            # in order, so every row below len(storage) holds data for a concurrent reader.
-            # Once full, every row holds data already and writers copy side by side.
-            filling = state.length < self.max_size
-            if not filling:
-                lock.release()
-            try:
-                if index_key is not None:
-                    self._fill_index(leaves, index_key, start, n, cap0)
-                self._copy_rows(first, skip, count, leaves)
-            finally:
-                if not filling:
-                    lock.acquire()
+            # The copy stays under the lock. While the storage fills, rows then become visible in
+            # order (every row below len(storage) holds data for a concurrent reader); once it
+            # is full, a writer delayed by a whole lap of the others would otherwise copy over
+            # rows that a later reservation is copying at the same time, leaving rows whose
+            # fields come from two writes.
+            if index_key is not None:
+                self._fill_index(leaves, index_key, start, n, cap0)
+            self._copy_rows(first, skip, count, leaves)
             state.length = min(state.length + n * self._rest_numel, self.max_size)
         finally:
             lock.release()
