@@ -7,9 +7,9 @@ import triton
 import triton.language as tl
 
 from gpubuf_kernels._config import SLICE_WINDOWS
-from gpubuf_kernels._launch import check_launch_device
+from gpubuf_kernels._launch import check_launch_device, launch
 
-__all__ = ["slice_windows_triton"]
+__all__ = ["slice_windows_triton", "SPECIALIZATIONS"]
 
 
 @triton.jit
@@ -76,8 +76,24 @@ def slice_windows_triton(
     block = block or SLICE_WINDOWS["BLOCK"]
     block_l = triton.next_power_of_2(seq_length)
     grid = (triton.cdiv(num_slices, block),)
-    _slice_windows_kernel[grid](
-        slots, start, stop, front, count, uniforms, out, num_slices, capacity, lower, seq_length,
+    launch(
+        _slice_windows_kernel, grid, slots, start, stop, front, count, uniforms, out, num_slices, capacity, lower, seq_length,
         BLOCK=block, BLOCK_L=block_l, num_warps=SLICE_WINDOWS["num_warps"],
     )
     return out
+
+
+#: What the launcher compiles, for the ahead-of-time check (``gpubuf.tools.aot``): slices of up to
+#: 64 steps (``BLOCK_L`` is the next power of two of the slice length).
+SPECIALIZATIONS = [
+    {
+        "kernel": "_slice_windows_kernel",
+        "label": f"BLOCK_L={block_l}",
+        "signature": {"slots_ptr": "*i64", "start_ptr": "*i64", "stop_ptr": "*i64", "front_ptr": "*i64",
+                      "count_ptr": "*i64", "u_ptr": "*fp64", "out_ptr": "*i64", "num_slices": "i32",
+                      "capacity": "i64", "lower": "i64", "seq_length": "i32"},
+        "constexprs": {"BLOCK": SLICE_WINDOWS["BLOCK"], "BLOCK_L": block_l},
+        "num_warps": SLICE_WINDOWS["num_warps"],
+    }
+    for block_l in (32, 64)
+]
