@@ -22,6 +22,7 @@ ray = pytest.importorskip("ray")
 
 from gpubuf import LazyTensorStorage, TensorDictPrioritizedReplayBuffer  # noqa: E402
 from gpubuf.distributed import (  # noqa: E402
+    MinSize,
     RayReplayBuffer,
     RemoteTensorDictReplayBuffer,
     SampleToInsertRatio,
@@ -71,6 +72,7 @@ def sharded(ray_cluster, tmp_path_factory):
         storage=partial(LazyTensorStorage, 2 * ROWS),
         batch_size=256,
         checkpoint_dir=tmp_path_factory.mktemp("shards"),
+        rate_limiter=MinSize(1),  # never blocks here; counts every insert and sample across clients
         seed=0,
     )
     yield rb
@@ -111,6 +113,7 @@ def test_four_writer_tasks_into_four_shards_lose_and_duplicate_nothing(sharded):
     sharded.empty()
     indices = ray.get([write_rows.remote(sharded, w) for w in range(WRITERS)])
     assert len(sharded) == WRITERS * ROWS
+    assert sharded.stats()["rate_limiter"] == {"inserted": WRITERS * ROWS, "reserved": 0, "sampled": 0}
     held = torch.cat([sharded.shard(s)[:]["id"] for s in range(SHARDS)])
     assert torch.equal(torch.sort(held).values, torch.arange(WRITERS * ROWS))
     everything = torch.cat(indices)
@@ -157,7 +160,7 @@ def test_prioritized_sampling_over_four_shards_is_globally_proportional(sharded)
     counts = torch.zeros(len(index), dtype=torch.float64)
     draws = 0
     for _ in range(120):
-        batch = sharded.sample()
+        batch = sharded.sample(wait=True, timeout=DEADLOCK_GUARD_S)
         where = position[batch["index"]]
         assert bool((where >= 0).all())
         # Rows and indices agree, and the weights are against the global minimum.
@@ -166,6 +169,7 @@ def test_prioritized_sampling_over_four_shards_is_globally_proportional(sharded)
         torch.testing.assert_close(batch["priority_weight"].to(torch.float64), expected_w, rtol=1e-5, atol=0)
         counts += torch.bincount(where, minlength=len(index)).to(torch.float64)
         draws += batch.batch_size[0]
+    assert sharded.stats()["rate_limiter"]["sampled"] == draws
     expected = leaf / leaf.sum() * draws
     chi2 = float(((counts - expected) ** 2 / expected).sum())
     assert chi2 < _chi2_critical(len(index) - 1), chi2
@@ -173,6 +177,15 @@ def test_prioritized_sampling_over_four_shards_is_globally_proportional(sharded)
     shard_counts = torch.bincount(shard_of, weights=counts, minlength=SHARDS)
     shard_expected = torch.bincount(shard_of, weights=expected, minlength=SHARDS)
     assert float(((shard_counts - shard_expected) ** 2 / shard_expected).sum()) < _chi2_critical(SHARDS - 1)
+
+    # A sample's new priorities go back to the shards that hold its rows.
+    batch["td_error"] = torch.full((batch.batch_size[0],), 7.0)
+    sharded.update_tensordict_priority(batch)
+    touched = torch.unique(position[batch["index"]])
+    leaf[touched] = 7.0
+    masses = sharded.stats()["shards"]
+    for s in range(SHARDS):
+        assert masses[s]["mass"] == pytest.approx(float(leaf[shard_of == s].sum()), rel=1e-6)
 
 
 def test_a_killed_shard_raises_a_typed_error_and_comes_back_from_its_checkpoint(sharded):
