@@ -797,9 +797,9 @@ def _attach(data: Any, extra: dict | None) -> Any:
         plain = type(data) is TensorDict
         for key, value in extra.items():
             value = expand_as_batch(value if device is None or value.device == device else value.to(device), batch_size)
-            if plain:
+            if plain and isinstance(key, str):
                 data._set_str(key, value, inplace=False, validated=True)
-            else:
+            else:  # a nested key (a slice sampler's ("next", "truncated")) goes under its parents
                 data.set(key, value)
     return data
 

@@ -708,7 +708,7 @@ class _TrajectoryCount:
 
     def __init__(self, count: int, device: torch.device) -> None:
         self._count = count
-        self._leaves = [torch.empty(0, device=device)]
+        self._row_sources = [torch.empty(0, device=device)]
 
     def __len__(self) -> int:
         return self._count

@@ -155,7 +155,9 @@ class Storage:
             else:
                 n, cap0 = batch_length(data), self._max_size_along_dim0(batched_data=data)
                 if index_key is not None:
-                    rows = torch.arange(start, start + n, device=data.device) % cap0
+                    rows = torch.arange(start, start + n, device=data.device)
+                    if start + n > cap0:  # the modulo only where the batch wraps: one launch less
+                        rows = rows % cap0
                     data.set(index_key, expand_as_batch(rows, data.batch_size))
                 self._write_rows(start, data)
             cursor.cursor = (start + n) % cap0

@@ -108,7 +108,8 @@ class TensorDictRoundRobinWriter(RoundRobinWriter):
 
     def extend(self, data: Any) -> torch.Tensor:
         n = self._check_length(data)
-        placeholder = torch.zeros(data.batch_size, dtype=torch.long, device=data.device)
+        # Only its key and dtype matter: the storage writes each row's index into it.
+        placeholder = torch.empty(data.batch_size, dtype=torch.long, device=data.device)
         with _index_entry(data, placeholder) as entry:
             start = self._storage._append_rows(self._state, data, index_key=entry.key)
         index = self._index(start, n, data)
