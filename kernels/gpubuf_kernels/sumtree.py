@@ -39,16 +39,20 @@ reads the leaf values and, when asked, writes the importance weights
 ``(value / p_min) ** (-beta)`` with ``p_min`` the root's minimum. A tree whose total is not
 positive sets the ``empty`` bit of the error word.
 
-Powers are ``exp(y * log(x))`` in float64 (the Triton interpreter has no libdevice), within a
-few ulps of ``torch.pow``'s float64 result, before rounding to the leaf dtype; ``alpha`` of 0
-and 1 are exact.
+Powers are CUDA's ``pow`` (libdevice), the function ``torch.pow`` runs on the GPU, so the twin's
+results come out bit for bit; through the interpreter, which has no libdevice, they are
+``exp(y * log(x))`` in float64, within a few ulps of it before rounding to the leaf dtype
+(``alpha`` of 0 and 1 are exact either way).
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from gpubuf_kernels._config import SUMTREE
 
@@ -63,12 +67,15 @@ ERROR_BITS = {"bad_priority": BAD_PRIORITY, "overflow": OVERFLOW, "bad_index": B
 
 
 @triton.jit
-def _pow(x, y, Y_IS_ZERO: tl.constexpr, Y_IS_ONE: tl.constexpr):
+def _pow(x, y, Y_IS_ZERO: tl.constexpr, Y_IS_ONE: tl.constexpr, LIBDEVICE: tl.constexpr):
     """``x ** y`` in float64 for ``x >= 0`` (``0 ** y = 0`` for ``y > 0``; ``x ** 0 = 1``)."""
     if Y_IS_ZERO:
         return tl.full(x.shape, 1.0, tl.float64)
     elif Y_IS_ONE:
         return x
+    elif LIBDEVICE:
+        # CUDA's pow, the one torch.pow calls on the GPU: the twin's result bit for bit.
+        return libdevice.pow(x, y)
     else:
         # log(0) = -inf would give 0 too; the where keeps the interpreter from warning about it.
         positive = x > 0.0
@@ -92,6 +99,7 @@ def _sumtree_claim_kernel(
     TRACK_MAX: tl.constexpr,
     ALPHA_ZERO: tl.constexpr,
     ALPHA_ONE: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
@@ -109,7 +117,7 @@ def _sumtree_claim_kernel(
         p = tl.load(priority_ptr + offs, mask=inb, other=0.0).to(tl.float64)
     # NaN fails both comparisons.
     good_p = (p >= 0.0) & (p < float("inf"))
-    value = _pow(tl.where(good_p, p, 0.0) + eps, alpha, ALPHA_ZERO, ALPHA_ONE).to(value_ptr.dtype.element_ty)
+    value = _pow(tl.where(good_p, p, 0.0) + eps, alpha, ALPHA_ZERO, ALPHA_ONE, LIBDEVICE).to(value_ptr.dtype.element_ty)
     good_v = value < float("inf")
     good_i = idx < limit
     bad_p = inb & ~good_p
@@ -271,6 +279,7 @@ def _sumtree_sample_kernel(
     FANOUT: tl.constexpr,
     STRATIFIED: tl.constexpr,
     HAS_WEIGHTS: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
@@ -314,8 +323,11 @@ def _sumtree_sample_kernel(
     if HAS_WEIGHTS:
         p_min = tl.load(mins_ptr)
         ratio = value.to(tl.float64) / p_min
-        positive = ratio > 0.0
-        weight = tl.where(positive, tl.exp(tl.log(tl.where(positive, ratio, 1.0)) * -beta), float("inf"))
+        if LIBDEVICE:
+            weight = libdevice.pow(ratio, -beta)
+        else:
+            positive = ratio > 0.0
+            weight = tl.where(positive, tl.exp(tl.log(tl.where(positive, ratio, 1.0)) * -beta), float("inf"))
         tl.store(weight_out_ptr + offs, weight.to(weight_out_ptr.dtype.element_ty), mask=inb)
 
 
@@ -351,6 +363,12 @@ def _geometry(tree):
 
 
 _BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
+
+
+def _libdevice() -> bool:
+    """Compiled kernels take CUDA's ``pow`` (torch's on the GPU); the interpreter, which has no
+    libdevice, ``exp(y * log(x))``, within a few ulps of it."""
+    return os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 
 
 def sumtree_update_triton(
@@ -420,6 +438,7 @@ def sumtree_update_triton(
         TRACK_MAX=max_priority is not None,
         ALPHA_ZERO=alpha == 0,
         ALPHA_ONE=alpha == 1,
+        LIBDEVICE=_libdevice(),
         BLOCK=blk,
         num_warps=warps,
     )
@@ -478,6 +497,6 @@ def sumtree_sample_triton(
         tree.leaves, tree.sums, tree.mins, tree.offsets_tensor(), uniforms, index, value,
         value if weight is None else weight, tree.flags, n, 0.0 if beta is None else float(beta),
         DEPTH=tree.depth, FANOUT=tree.fanout, STRATIFIED=stratified, HAS_WEIGHTS=beta is not None,
-        BLOCK=blk, num_warps=SUMTREE["num_warps"],
+        LIBDEVICE=_libdevice(), BLOCK=blk, num_warps=SUMTREE["num_warps"],
     )
     return index, value, weight
