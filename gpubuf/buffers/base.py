@@ -12,6 +12,7 @@ from tensordict import TensorDictBase
 from gpubuf.buffers._prefetch import Prefetcher
 from gpubuf.buffers._transforms import TransformChain
 from gpubuf.errors import BatchSizeError, DeviceMismatchError
+from gpubuf.ops._dispatch import check_backend
 from gpubuf.samplers.base import Sampler
 from gpubuf.samplers.random import RandomSampler, _check_batch_size
 from gpubuf.storages._layout import expand_as_batch, is_tensor_collection
@@ -98,10 +99,18 @@ class ReplayBuffer:
             ``batch_device="cpu"`` the gather is one kernel launch and one copy into pinned host
             memory. Applies to :meth:`sample` and iteration; ``rb[index]`` reads stay on the
             storage's device.
+        backend: (gpubuf extension) the ops' backend, handed to the storage and the sampler:
+            ``"auto"`` (default: Triton kernels for CUDA rows, compiled CPU kernels or the torch
+            twins for host rows), ``"triton"``, ``"numba"`` or ``"torch"``. ``"triton"`` with
+            CPU rows under Triton's interpreter (``TRITON_INTERPRET=1``) runs exactly the ops
+            CUDA rows run: how the tests check the device path without a GPU. See
+            :mod:`gpubuf.ops._dispatch`.
 
     Raises:
         BatchSizeError: ``prefetch`` without ``batch_size``, or a non-positive ``batch_size``.
         DeviceMismatchError: ``batch_device`` is a CUDA device and CUDA is not available.
+        ValueError: an unknown ``backend``.
+        BackendUnavailableError: ``backend`` names kernels that cannot run on this machine.
 
     Examples:
         >>> rb = ReplayBuffer(storage=LazyTensorStorage(1_000_000), batch_size=4096, prefetch=2,
@@ -127,6 +136,7 @@ class ReplayBuffer:
         shared: bool = False,
         compilable: bool | None = None,
         batch_device: torch.device | str | None = None,
+        backend: str = "auto",
     ) -> None:
         if batch_size is not None:
             _check_batch_size(batch_size)
@@ -169,6 +179,7 @@ class ReplayBuffer:
         self._prefetch_executor = ThreadPoolExecutor(max_workers=self._prefetch_cap) if self._prefetch_cap else None
         self._prefetcher = Prefetcher(self._prefetch_cap, self._prefetch_executor) if self._prefetch_cap else None
         self.set_rng(generator)
+        self.set_backend(backend)
 
     _default_writer = RoundRobinWriter
 
@@ -211,9 +222,25 @@ class ReplayBuffer:
         self._sampler._rng = generator
         self._writer._rng = generator
 
+    @property
+    def backend(self) -> str:
+        """The ops' backend the storage and sampler use (see ``backend`` of the constructor)."""
+        return self._backend
+
+    def set_backend(self, backend: str) -> None:
+        """Makes the storage and the sampler run their ops on ``backend``.
+
+        Raises:
+            ValueError, BackendUnavailableError: as the constructor's ``backend``.
+        """
+        self._backend = check_backend(backend)
+        self._storage._backend = backend
+        self._sampler._backend = backend
+
     def set_storage(self, storage: Storage, collate_fn: Callable | None = None) -> Storage:
         self._invalidate_prefetch()
         previous, self._storage = self._storage, storage
+        storage._backend = self._backend
         self._writer.register_storage(storage)
         if collate_fn is not None:
             self._collate_fn = collate_fn
@@ -223,6 +250,7 @@ class ReplayBuffer:
         self._invalidate_prefetch()
         previous, self._sampler = self._sampler, sampler
         sampler._rng = self._rng
+        sampler._backend = self._backend
         return previous
 
     def set_writer(self, writer: Writer) -> Writer:

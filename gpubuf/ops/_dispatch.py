@@ -1,12 +1,23 @@
-"""Choosing between a Triton kernel, a compiled CPU kernel and the torch twin.
+"""The backend table: which implementation of an op runs for a tensor on a device.
 
-Dispatch follows the tensor, never the machine: a CUDA tensor goes to Triton, a CPU tensor to
-the op's compiled CPU kernel (``gpubuf_kernels.cpu``, Numba) where the op has one and Numba
-imports, else to the twin. ``backend="triton"`` or ``"numba"`` where that cannot run raises
-:class:`~gpubuf.errors.BackendUnavailableError`; ``"auto"`` never warns. Tests run the Triton
-kernels on CPU tensors through Triton's interpreter (``TRITON_INTERPRET=1``), which this module
-honours for an explicit ``backend="triton"``. ``GPUBUF_NUMBA=0`` in the environment keeps
-``"auto"`` off the CPU kernels (the twins then run, as without Numba).
+Every op has a torch twin (``gpubuf.ops.<op>``: the specification and the fallback) and at most
+two kernels, listed in :data:`KERNELS` by ``(op, device type)``: a Triton launcher for
+``"cuda"`` and a compiled CPU kernel (``gpubuf_kernels.cpu``, Numba) for ``"cpu"``.
+
+Dispatch follows the tensor, never the machine:
+
+- ``backend="auto"``: a CUDA tensor takes the op's ``"cuda"`` kernel, a CPU tensor its ``"cpu"``
+  kernel where Numba imports and ``GPUBUF_NUMBA`` is not ``0``; otherwise the twin runs. It
+  never warns and never raises for lack of a kernel.
+- ``backend="triton"``: the ``"cuda"`` kernel, for CUDA tensors or, under Triton's interpreter
+  (``TRITON_INTERPRET=1``), CPU tensors. This is how tests force the whole device path (a
+  buffer, its storage and its sampler built with ``backend="triton"``) onto CPU tensors.
+- ``backend="numba"``: the ``"cpu"`` kernel; ``backend="torch"``: the twin.
+
+An explicit backend that cannot run raises :class:`~gpubuf.errors.BackendUnavailableError`.
+Components (storages, samplers) keep a backend and pass it to the ops; they call
+:func:`device_path` where they choose between the device's route and the host's, and never
+test ``tensor.is_cuda`` themselves.
 """
 
 from __future__ import annotations
@@ -14,7 +25,7 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-from typing import Literal
+from typing import Any, Callable, Literal
 
 import torch
 
@@ -22,6 +33,27 @@ from gpubuf.errors import BackendUnavailableError
 
 Backend = Literal["auto", "torch", "triton", "numba"]
 BACKENDS = ("auto", "torch", "triton", "numba")
+
+#: The one table: ``(op, device type) -> "module:function"`` in ``gpubuf_kernels``. The
+#: ``"cuda"`` rows are Triton launchers, the ``"cpu"`` rows compiled CPU kernels; an op without
+#: a row for a device runs its twin there.
+KERNELS: dict[tuple[str, str], str] = {
+    ("gather_rows", "cuda"): "gather:gather_rows_triton",
+    ("gather_rows", "cpu"): "cpu.gather_rows:gather_rows",
+    ("gather_packed", "cuda"): "gather_packed:gather_packed_triton",
+    ("gather_packed", "cpu"): "cpu.gather_packed:copy_rows",
+    ("decode_rows", "cuda"): "codec:decode_rows_triton",
+    ("decode_rows", "cpu"): "cpu.codec:decode_rows",
+    ("sumtree_update", "cuda"): "sumtree:sumtree_update_triton",
+    ("sumtree_update", "cpu"): "cpu.sumtree:update",
+    ("sumtree_sample", "cuda"): "sumtree:sumtree_sample_triton",
+    ("sumtree_sample", "cpu"): "cpu.sumtree:sample",
+    ("encode_rows", "cpu"): "cpu.encoder:encode_rows",
+    ("match_frames", "cpu"): "cpu.framestack:match_roots",
+}
+
+#: The backend that serves each device type's row of :data:`KERNELS`.
+_KERNEL_BACKEND = {"cuda": "triton", "cpu": "numba"}
 
 
 def interpreter_enabled() -> bool:
@@ -48,43 +80,79 @@ def numba_importable() -> bool:
     return True
 
 
-# ``os.environ.get`` encodes the key and decodes the value on every call: microseconds that the
-# small-batch sample path pays twice per step. CPython keeps the encoded pairs in a dict that
-# every ``os.environ[...] = ...`` (``monkeypatch.setenv`` included) updates; this reads it.
-_ENVIRON_DATA = getattr(os.environ, "_data", None)
-try:
-    _NUMBA_KEY = os.environ.encodekey("GPUBUF_NUMBA")  # type: ignore[attr-defined]
-    _OFF = os.environ.encodevalue("0")  # type: ignore[attr-defined]
-except AttributeError:  # pragma: no cover - not CPython's os._Environ
-    _ENVIRON_DATA = None
-
-
 def numba_enabled() -> bool:
     """True when ``"auto"`` may pick the CPU kernels: Numba imports and ``GPUBUF_NUMBA`` is not ``0``."""
-    if _ENVIRON_DATA is not None:
-        off = _ENVIRON_DATA.get(_NUMBA_KEY) == _OFF
-    else:  # pragma: no cover - not CPython's os._Environ
-        off = os.environ.get("GPUBUF_NUMBA", "1") == "0"
-    return not off and numba_importable()
+    return os.environ.get("GPUBUF_NUMBA") != "0" and numba_importable()
 
 
-def resolve_backend(tensor: torch.Tensor, backend: str, *, has_cpu_kernel: bool = False) -> str:
-    """Returns ``"torch"``, ``"triton"`` or ``"numba"`` for an op whose data lives where ``tensor`` lives.
+def has_kernel(op: str, device_type: str) -> bool:
+    """True when :data:`KERNELS` holds a kernel of ``op`` for ``device_type`` (``"cuda"`` or ``"cpu"``)."""
+    return (op, device_type) in KERNELS
+
+
+def check_backend(backend: str) -> str:
+    """Validates a component's backend setting before any data exists.
+
+    ``"triton"`` needs Triton, and CUDA or Triton's interpreter; ``"numba"`` needs Numba. Where
+    the data will live is only known later: an op on a tensor Triton cannot run on still raises.
+
+    Returns:
+        ``backend``.
+
+    Raises:
+        ValueError: not one of :data:`BACKENDS`.
+        BackendUnavailableError: ``"triton"`` or ``"numba"`` that cannot run on this machine.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "triton":
+        if not _triton_importable():
+            raise BackendUnavailableError("backend='triton' was requested but triton cannot be imported")
+        if not (torch.cuda.is_available() or interpreter_enabled()):
+            raise BackendUnavailableError(
+                "backend='triton' needs a CUDA device (or TRITON_INTERPRET=1 to run the kernels on CPU tensors); "
+                "use backend='auto'"
+            )
+    if backend == "numba" and not numba_importable():
+        raise BackendUnavailableError("backend='numba' was requested but numba cannot be imported (pip install gpubuf[cpu])")
+    return backend
+
+
+def resolve(op: str, tensor: torch.Tensor, backend: str = "auto") -> str:
+    """Returns ``"torch"``, ``"triton"`` or ``"numba"``: what runs ``op`` on data where ``tensor`` lives.
+
+    Args:
+        op: a name of :data:`KERNELS` (an op without kernels always resolves to ``"torch"``).
+        tensor: the op's main operand; its device decides.
+        backend: ``"auto"``, ``"torch"``, ``"triton"`` or ``"numba"``.
+
+    Raises:
+        ValueError: ``backend`` is not one of :data:`BACKENDS`.
+        BackendUnavailableError: ``backend="triton"`` or ``"numba"`` where it cannot run: the op
+            has no such kernel, Triton or Numba does not import, or the tensor is on a device
+            the kernel cannot run on.
+    """
+    return resolve_backend(tensor, backend, has_cpu_kernel=has_kernel(op, "cpu"), has_cuda_kernel=has_kernel(op, "cuda"))
+
+
+def resolve_backend(
+    tensor: torch.Tensor, backend: str, *, has_cpu_kernel: bool = False, has_cuda_kernel: bool = True
+) -> str:
+    """:func:`resolve` for an op described by its kernels rather than named in :data:`KERNELS`.
 
     Args:
         tensor: the op's main operand; its device decides.
         backend: ``"auto"``, ``"torch"``, ``"triton"`` or ``"numba"``.
         has_cpu_kernel: the op has a kernel in ``gpubuf_kernels.cpu``.
+        has_cuda_kernel: the op has a Triton kernel.
 
     Raises:
-        ValueError: ``backend`` is not one of :data:`BACKENDS`.
-        BackendUnavailableError: ``backend="triton"`` for a tensor Triton cannot run on here, or
-            ``backend="numba"`` for an op without a CPU kernel, a non-CPU tensor or no Numba.
+        ValueError, BackendUnavailableError: as :func:`resolve`.
     """
     if backend == "torch":
         return "torch"
     if backend == "auto":
-        if tensor.is_cuda and _triton_importable():
+        if tensor.is_cuda and has_cuda_kernel and _triton_importable():
             return "triton"
         if has_cpu_kernel and tensor.device.type == "cpu" and numba_enabled():
             return "numba"
@@ -98,6 +166,8 @@ def resolve_backend(tensor: torch.Tensor, backend: str, *, has_cpu_kernel: bool 
             raise BackendUnavailableError("backend='numba' was requested but numba cannot be imported (pip install gpubuf[cpu])")
         return "numba"
     if backend == "triton":
+        if not has_cuda_kernel:
+            raise BackendUnavailableError("backend='triton' was requested but this op has no Triton kernel")
         if not _triton_importable():
             raise BackendUnavailableError("backend='triton' was requested but triton cannot be imported")
         if tensor.is_cuda or (tensor.device.type == "cpu" and interpreter_enabled()):
@@ -107,6 +177,35 @@ def resolve_backend(tensor: torch.Tensor, backend: str, *, has_cpu_kernel: bool 
             "(or TRITON_INTERPRET=1 for CPU tensors); use backend='auto' or 'torch'"
         )
     raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def device_path(tensor: torch.Tensor, backend: str = "auto") -> bool:
+    """True when data where ``tensor`` lives takes the device's route (Triton kernels, no host reads).
+
+    A CUDA tensor does under ``"auto"``; any tensor Triton can run on does under ``"triton"``
+    (CPU tensors under the interpreter: the forced device path of the tests). Components call
+    this instead of testing ``tensor.is_cuda``, so a forced path takes every branch CUDA takes.
+
+    Raises:
+        BackendUnavailableError: ``backend="triton"`` for a tensor Triton cannot run on.
+    """
+    if backend == "triton":
+        return resolve_backend(tensor, "triton") == "triton"
+    return backend == "auto" and tensor.is_cuda and _triton_importable()
+
+
+@functools.lru_cache(maxsize=None)
+def implementation(op: str, which: str) -> Callable[..., Any]:
+    """The kernel :data:`KERNELS` lists for ``op`` under backend ``which`` (``"triton"`` or ``"numba"``).
+
+    Imported on first use (cached), so ``import gpubuf`` never imports Triton or Numba.
+
+    Raises:
+        KeyError: the op has no kernel for that backend.
+    """
+    device_type = next(d for d, b in _KERNEL_BACKEND.items() if b == which)
+    module, name = KERNELS[(op, device_type)].split(":")
+    return getattr(kernel_module(module), name)
 
 
 @functools.lru_cache(maxsize=None)

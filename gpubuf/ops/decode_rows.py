@@ -18,7 +18,7 @@ from gpubuf.codec.checksum import adler32_ranges, adler32_ranges_host, as_uint32
 from gpubuf.codec.errors import CorruptRowError
 from gpubuf.codec.format import MODE_RAW, MODE_REF, MODE_RUNS, MODE_UP, RESIDUAL_BIT, RUN_BLOCK, RowGeometry
 from gpubuf.errors import DeviceMismatchError, IndexOutOfRangeError
-from gpubuf.ops._dispatch import kernel_module, resolve_backend
+from gpubuf.ops._dispatch import implementation, kernel_module, resolve
 from gpubuf.ops.host_memory import empty_host
 
 __all__ = ["decode_rows", "decode_rows_ref", "RowTable", "empty_output"]
@@ -396,9 +396,9 @@ def decode_rows(
         if int(lo) < 0 or int(hi) >= n_rows:
             bad = int(lo) if int(lo) < 0 else int(hi)
             raise IndexOutOfRangeError(f"row index {bad} is out of range for {n_rows} stored rows")
-    which = resolve_backend(table.arena, backend, has_cpu_kernel=True)
+    which = resolve("decode_rows", table.arena, backend)
     if which == "triton":
-        return kernel_module("codec").decode_rows_triton(table, index, out, verify=verify)
+        return implementation("decode_rows", "triton")(table, index, out, verify=verify)
     if which == "numba":
         return _decode_numba(table, index, out, verify)
     return decode_rows_ref(table, index, out, verify=verify)

@@ -20,7 +20,7 @@ import torch
 
 from gpubuf.errors import IndexOutOfRangeError, SchemaMismatchError
 from gpubuf.ops import _checks
-from gpubuf.ops._dispatch import kernel_module, numba_enabled, resolve_backend
+from gpubuf.ops._dispatch import device_path, implementation, kernel_module, numba_enabled, resolve
 
 __all__ = ["gather_packed", "gather_packed_ref", "gather_packed_trusted", "packed_offsets"]
 
@@ -305,7 +305,7 @@ def gather_packed(
         BackendUnavailableError: ``backend="triton"`` where Triton cannot run.
     """
     _check(values, starts, lengths, index, outs)
-    which = resolve_backend(values[0], backend, has_cpu_kernel=True)
+    which = resolve("gather_packed", values[0], backend)
     if check_bounds:
         _check_bounds(values, starts, lengths, index)
     offsets = packed_offsets(lengths, index)
@@ -330,18 +330,20 @@ def gather_packed_trusted(
     min_length: int | None = None,
     max_length: int | None = None,
     outs: Sequence[torch.Tensor] | None = None,
+    backend: str = "auto",
 ) -> tuple[list[torch.Tensor], torch.Tensor]:
     """The storages' entry: no argument checks, dispatch by device only.
 
     For callers that built every argument themselves and guarantee the contract of
     :func:`gather_packed_ref`. ``max_length`` (the longest selected row) sizes the Triton grid;
-    it is computed when omitted, which synchronises once more.
+    it is computed when omitted, which synchronises once more. ``backend="triton"`` takes the
+    device path (the Triton launch) whatever the device, as CUDA tensors do under ``"auto"``.
     """
     if offsets is None:
         offsets = packed_offsets(lengths, index)
-    if _wants_triton(values[0]):
+    if device_path(values[0], backend):
         return _triton(values, starts, lengths, index, offsets, outs, total, max_length)
-    if values[0].device.type == "cpu" and numba_enabled():
+    if values[0].device.type == "cpu" and (backend == "numba" or (backend == "auto" and numba_enabled())):
         if total is None:
             total = int(offsets[-1])
         return _numba(values, starts, index, offsets, total, outs), offsets
@@ -382,16 +384,6 @@ def _triton(values, starts, lengths, index, offsets, outs, total=None, max_lengt
     if total is None or max_length is None:
         sel = lengths.index_select(0, index)
         total, max_length = (int(x) for x in torch.stack([offsets[-1], sel.max() if sel.numel() else offsets[-1]]).tolist())
-    launcher = kernel_module("gather_packed").gather_packed_triton
+    launcher = implementation("gather_packed", "triton")
     return launcher(list(values), starts, lengths, index, offsets, total, max_length, None if outs is None else list(outs))
 
-
-def _wants_triton(tensor: torch.Tensor) -> bool:
-    """Dispatch of the trusted entry: the kernel for CUDA tensors when Triton imports."""
-    return tensor.is_cuda and _triton_ok()
-
-
-def _triton_ok() -> bool:
-    from gpubuf.ops._dispatch import _triton_importable
-
-    return _triton_importable()

@@ -14,7 +14,7 @@ import torch
 
 from gpubuf.errors import SchemaMismatchError
 from gpubuf.ops import _checks
-from gpubuf.ops._dispatch import kernel_module, numba_enabled, resolve_backend
+from gpubuf.ops._dispatch import device_path, implementation, kernel_module, numba_enabled, resolve
 from gpubuf.ops.host_memory import LARGE_OUTPUT_BYTES, empty_host
 
 __all__ = ["gather_rows", "gather_rows_ref"]
@@ -78,11 +78,14 @@ def gather_rows(
 ) -> list[torch.Tensor]:
     """Gathers rows ``index`` of every source; see :func:`gather_rows_ref` for the specification.
 
-    CUDA tensors go to one Triton launch for all sources, CPU tensors to the torch twin.
+    CUDA tensors go to one Triton launch for all sources; CPU tensors to the compiled CPU
+    kernel from :data:`ORDERED_GATHER_MIN_ROWS` rows on (it reads the rows in address order),
+    else to the torch twin.
 
     Args:
         sources, index, outs: as in :func:`gather_rows_ref`.
-        backend: ``"auto"`` (by device), ``"torch"`` or ``"triton"``.
+        backend: ``"auto"`` (by device), ``"torch"``, ``"triton"`` or ``"numba"`` (see
+            :mod:`gpubuf.ops._dispatch`).
         check_bounds: verify ``0 <= index < N`` first and raise
             :class:`~gpubuf.errors.IndexOutOfRangeError` otherwise. On CUDA this synchronises;
             callers that produce indices in range by construction (samplers) pass ``False``.
@@ -91,21 +94,26 @@ def gather_rows(
         TypeError, ValueError, SchemaMismatchError, DTypeMismatchError, DeviceMismatchError:
             malformed arguments, before anything is written.
         IndexOutOfRangeError: an index outside ``[0, N)`` with ``check_bounds=True``.
-        BackendUnavailableError: ``backend="triton"`` where Triton cannot run.
+        BackendUnavailableError: ``backend="triton"`` or ``"numba"`` where it cannot run.
     """
     _check(sources, index, outs)
-    which = resolve_backend(sources[0], backend)
+    which = resolve("gather_rows", sources[0], backend)
     if check_bounds:
         _checks.check_index_range(index, sources[0].shape[0])
     if which == "triton":
-        return kernel_module("gather").gather_rows_triton(list(sources), index, None if outs is None else list(outs))
-    if backend == "auto" and _ordered_gather_applies(sources, index):
-        return _gather_ordered(sources, index, outs)
+        return implementation("gather_rows", "triton")(list(sources), index, None if outs is None else list(outs))
+    if which == "numba" and (backend == "numba" or _ordered_gather_applies(sources, index)):
+        if all(src.is_contiguous() for src in sources):
+            return _gather_ordered(sources, index, outs)
     return gather_rows_ref(sources, index, outs)
 
 
 def gather_rows_trusted(
-    sources: Sequence[torch.Tensor], index: torch.Tensor, targets: np.ndarray | None = None
+    sources: Sequence[torch.Tensor],
+    index: torch.Tensor,
+    targets: np.ndarray | None = None,
+    *,
+    backend: str = "auto",
 ) -> list[torch.Tensor]:
     """The sample path's entry: no argument checks, dispatch by device only.
 
@@ -118,24 +126,26 @@ def gather_rows_trusted(
         targets: the sources' :func:`row_targets`, kept by the caller between calls. Given, a
             CPU gather of :data:`PREFETCH_MIN_ROWS` rows or more prefetches its rows first
             (:func:`prefetch_rows`). Only a hint: stale targets cost time, never a wrong row.
+        backend: the storage's backend; ``"triton"`` takes the device path (one Triton launch)
+            whatever the device, as CUDA tensors do under ``"auto"``.
     """
-    if not index.is_cuda:
-        b = index.shape[0]
-        if b >= ORDERED_GATHER_MIN_ROWS and _ordered_gather_applies(sources, index):
-            return _gather_ordered(sources, index, None)
-        # (numba_enabled again: GPUBUF_NUMBA=0 set after the targets were kept still stops it.)
-        if targets is not None and b >= PREFETCH_MIN_ROWS and numba_enabled():
-            prefetch_rows(targets, index)
-        # (Contiguous rows: ``stride(0)`` elements each. Cheaper than forming the shape.)
-        return [
-            torch.index_select(src, 0, index)
-            if b * src.stride(0) * src.element_size() < LARGE_OUTPUT_BYTES
-            else _index_select_host(src, index)
-            for src in sources
-        ]
-    if _triton_ok():
-        return kernel_module("gather").gather_rows_triton(list(sources), index, None)
-    return [torch.index_select(src, 0, index) for src in sources]
+    if device_path(index, backend):
+        return implementation("gather_rows", "triton")(list(sources), index, None)
+    if index.is_cuda or backend == "torch":
+        return [torch.index_select(src, 0, index) for src in sources]
+    b = index.shape[0]
+    if b >= ORDERED_GATHER_MIN_ROWS and _ordered_gather_applies(sources, index):
+        return _gather_ordered(sources, index, None)
+    # (numba_enabled again: GPUBUF_NUMBA=0 set after the targets were kept still stops it.)
+    if targets is not None and b >= PREFETCH_MIN_ROWS and numba_enabled():
+        prefetch_rows(targets, index)
+    # (Contiguous rows: ``stride(0)`` elements each. Cheaper than forming the shape.)
+    return [
+        torch.index_select(src, 0, index)
+        if b * src.stride(0) * src.element_size() < LARGE_OUTPUT_BYTES
+        else _index_select_host(src, index)
+        for src in sources
+    ]
 
 
 #: From this many rows on, a host gather given its sources' :func:`row_targets` prefetches the
@@ -222,8 +232,3 @@ def _index_select_host(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return torch.index_select(src, 0, index)
     return torch.index_select(src, 0, index, out=empty_host(shape, src.dtype))
 
-
-def _triton_ok() -> bool:
-    from gpubuf.ops._dispatch import _triton_importable
-
-    return _triton_importable()

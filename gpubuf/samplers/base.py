@@ -16,6 +16,8 @@ class Sampler:
     """
 
     _rng: torch.Generator | None = None
+    #: The ops' backend (``gpubuf.ops._dispatch``): ``"auto"``, or what the buffer was built with.
+    _backend = "auto"
 
     def sample(self, storage: Any, batch_size: int) -> tuple[Any, dict]:
         raise NotImplementedError

@@ -33,6 +33,8 @@ class Storage:
 
     ndim = 1
     device: torch.device | str | None = None
+    #: The ops' backend (``gpubuf.ops._dispatch``): ``"auto"``, or what the buffer was built with.
+    _backend = "auto"
 
     def __init__(self, max_size: int, *, compilable: bool = False) -> None:
         self.max_size = check_max_size(max_size)

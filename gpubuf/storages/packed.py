@@ -286,7 +286,9 @@ class PackedStorage(Storage):
         arenas = [torch.empty((capacity, *v.shape[1:]), dtype=v.dtype, device=device) for v in group.values]
         if n and live:
             order = torch.arange(n, device=device)
-            gather_packed_trusted(group.values, group.starts[:n], lengths, order, total=live, outs=arenas)
+            gather_packed_trusted(
+                group.values, group.starts[:n], lengths, order, total=live, outs=arenas, backend=self._backend
+            )
         starts = torch.zeros_like(lengths)
         if n > 1:
             torch.cumsum(lengths[:-1], 0, out=starts[1:])
@@ -378,7 +380,8 @@ class PackedStorage(Storage):
                 else:
                     total = lo = hi = 0
             values, _ = gather_packed_trusted(
-                group.values, group.starts, group.lengths, index, offsets=offsets, total=total, min_length=lo, max_length=hi
+                group.values, group.starts, group.lengths, index, offsets=offsets, total=total, min_length=lo, max_length=hi,
+                backend=self._backend,
             )
             ragged = []
             for leaf_pos, v in zip(group.leaves, values):
@@ -443,7 +446,7 @@ class PackedStorage(Storage):
         if schema is not None:
             order = torch.arange(self._len, device=self.device)
             for group in self._groups:
-                gathered, group_offsets = gather_packed_trusted(group.values, group.starts, group.lengths, order)
+                gathered, group_offsets = gather_packed_trusted(group.values, group.starts, group.lengths, order, backend=self._backend)
                 for leaf_pos, v in zip(group.leaves, gathered):
                     values[leaf_pos], offsets[leaf_pos] = v, group_offsets
         return {

@@ -384,7 +384,9 @@ class TensorStorage(Storage):
         """
         sources = self._flat_leaves
         read = sources if skip is None else sources[:skip] + sources[skip + 1 :]
-        gathered = gather_rows_trusted(read, index, self._row_targets(sources, skip, read))
+        backend = self._backend
+        targets = self._row_targets(sources, skip, read) if backend == "auto" else None
+        gathered = gather_rows_trusted(read, index, targets, backend=backend)
         if skip is not None:
             gathered.insert(skip, None)
         return gathered

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 __all__ = ["GATHER_ROWS", "SUMTREE"]
 
-# Row gather (gather.py). A program copies a tile of BLOCK_ROWS output rows by BLOCK_BYTES bytes
-# of one source per inner-loop step, so one step moves up to BLOCK_ROWS * BLOCK_BYTES bytes
-# (16 KiB here: 128 threads x 8 accesses of 16 bytes with num_warps=4). Both must be powers of
-# two and BLOCK_BYTES >= 16, because the tile's width in units is BLOCK_BYTES // unit_bytes for
-# units of 1, 2, 4, 8 and 16 bytes. BLOCK_ROWS trades lanes lost on narrow rows (a 4-byte reward
-# uses one column of the tile) against the number of programs for wide ones (image rows loop
-# over many column steps); the tests size batches around BLOCK_ROWS, so keep it small.
+# Row gather (gather.py). A program copies BLOCK_ROWS output rows of its sources; each width
+# class has its own tile (gather.py's docstring), at most 4 units or 4 16-byte vectors per thread
+# with num_warps=4 and BLOCK_ROWS=64. TARGET_PROGRAMS is how many programs a launch aims for
+# (about 8 per SM of an H100/H200): below it, sources and column steps are spread over more
+# programs. BLOCK_ROWS must be a power of two; the tests size batches around it, keep it small.
 GATHER_ROWS = {
-    "BLOCK_ROWS": 16,
-    "BLOCK_BYTES": 1024,
+    "BLOCK_ROWS": 64,
+    "TARGET_PROGRAMS": 1024,
     "num_warps": 4,
 }
 

@@ -1,16 +1,74 @@
-"""Launcher helpers the gather kernels share: where a launch may run, unit widths, device guard.
+"""Launcher helpers every Triton launcher shares: the one launch call, where a launch may run,
+unit widths, device guard.
 
 Plain torch, no Triton and no gpubuf: the kernel modules import this at their own import, and
 nothing here touches a device until a launcher calls it.
+
+Every launcher launches through :func:`launch`, so one place sees every Triton launch. Whoever
+wants to count them (``gpubuf.ops.device_work``) registers a listener; with none registered a
+launch costs one extra attribute check.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from typing import ContextManager
+import threading
+from typing import Any, Callable, ContextManager
 
 import torch
+
+_listeners: list[Callable[[str], None]] = []
+_state = threading.local()
+
+
+def add_launch_listener(listener: Callable[[str], None]) -> None:
+    """Calls ``listener(kernel_name)`` before every Triton launch made through :func:`launch`."""
+    _listeners.append(listener)
+
+
+def remove_launch_listener(listener: Callable[[str], None]) -> None:
+    """Stops calling ``listener``; a listener that was never added is ignored."""
+    with contextlib.suppress(ValueError):
+        _listeners.remove(listener)
+
+
+def launching() -> bool:
+    """True inside a :func:`launch` of this thread that listeners were told about.
+
+    Under Triton's interpreter a launch runs torch ops on the host (argument copies); a counter
+    of device work skips those, as they are not the kernel's.
+    """
+    return getattr(_state, "depth", 0) > 0
+
+
+def kernel_name(kernel: Any) -> str:
+    """The Python name of a jitted (or interpreted) Triton function."""
+    name = getattr(kernel, "__name__", None)
+    return name if name is not None else getattr(getattr(kernel, "fn", None), "__name__", repr(kernel))
+
+
+def launch(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> Any:
+    """Launches ``kernel[grid](*args, **kwargs)``: the one call every launcher makes.
+
+    Args:
+        kernel: a ``triton.jit`` function.
+        grid: the launch grid, a tuple of one to three ints.
+        *args, **kwargs: the kernel's arguments, constexprs and launch options (``num_warps``).
+
+    Returns:
+        What the launch returns (the compiled kernel handle on CUDA).
+    """
+    if not _listeners:
+        return kernel[grid](*args, **kwargs)
+    name = kernel_name(kernel)
+    for listener in tuple(_listeners):
+        listener(name)
+    _state.depth = getattr(_state, "depth", 0) + 1
+    try:
+        return kernel[grid](*args, **kwargs)
+    finally:
+        _state.depth -= 1
 
 
 def interpreter_enabled() -> bool:

@@ -38,6 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gpubuf_kernels._launch import launch
+
 __all__ = ["decode_rows_triton", "DECODE_ROWS"]
 
 # Default launch configuration (to be tuned on an H200 with benchmarks/bench_compressed.py).
@@ -367,13 +369,15 @@ def decode_rows_triton(table, index: torch.Tensor, out: torch.Tensor | None = No
     out_bytes = out.view(torch.uint8).view(B, -1)
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     with guard:
-        _line_table_kernel[(2 * B,)](
+        launch(
+            _line_table_kernel, (2 * B,),
             table.arena, table.offsets, table.lengths, table.checksums, refs, tab, gid, entry, status,
             table.arena.numel(), B, L, g.height, g.width, g.image_planes, g.mode_bytes, g.raw_bytes,
             HAS_REFS=table.refs is not None, VERIFY=verify,
             LINE_BLOCK=cfg["LINE_BLOCK"], CHECK_BLOCK=cfg["CHECK_BLOCK"], num_warps=cfg["num_warps"],
         )
-        _decode_lines_kernel[(B, n_chunks)](
+        launch(
+            _decode_lines_kernel, (B, n_chunks),
             table.arena, gid, entry, has_key, out_bytes, runs_bad,
             table.arena.numel(), B, L, g.height, g.width, g.image_planes, g.itemsize, g.raw_bytes, n_chunks,
             LINES=cfg["LINES"], X_BLOCK=cfg["X_BLOCK"], RUN_BLOCK=cfg["RUN_BLOCK"], num_warps=cfg["num_warps"],

@@ -1,4 +1,4 @@
-"""Fused row gather: one Triton launch copies rows ``index`` of many tensors.
+"""Fused row gather: one Triton launch copies rows ``index`` of every field.
 
 The torch twin and specification is :func:`gpubuf.ops.gather_rows.gather_rows_ref`; the public
 entry point that validates, bounds-checks and dispatches is :func:`gpubuf.ops.gather_rows.gather_rows`.
@@ -6,23 +6,37 @@ entry point that validates, bounds-checks and dispatches is :func:`gpubuf.ops.ga
 How one launch serves fields of different dtypes and shapes: the kernel never sees a dtype. The
 launcher describes every source by a row of an int64 *pointer table* on the device::
 
-    table[s] = [src_addr, out_addr, row_units, src_stride_units, unit_bytes, 0, 0, 0]
+    table[s] = [src_addr, out_off, out_per_batch, row_units, src_stride_units, kind, 0, 0]
 
-``src_addr``/``out_addr`` are the raw addresses of the source's row 0 and of the output,
-``row_units`` is the row length and ``src_stride_units`` the distance between source rows, both
-counted in *units*, and ``unit_bytes`` (1, 2, 4, 8 or 16) is the width of the unit the rows are
-moved in. The launcher picks, per source, the widest unit that divides the row's byte size, the
-source row stride in bytes and both addresses, so an fp32 ``[84, 84]`` observation moves as
-16-byte accesses while a 3-byte ``uint8`` field falls back to bytes. Units of 16 bytes are int64
-pairs with alignment hints that let the compiler emit 128-bit loads and stores. Rows are padded
-to 8 words so that an entry is 64 bytes.
+``src_addr`` is the address of the source's row 0; the output of source ``s`` starts at
+``out_base + out_off + batch * out_per_batch`` bytes, where ``out_base`` and ``batch`` are kernel
+arguments. When the launcher allocates the outputs, they are views of one buffer laid out field
+after field (``out_off = 0``, ``out_per_batch`` = the bytes of the fields before, each padded to
+16): the table then depends on the sources only, so a storage's table is built once and reused
+for every batch size (see :mod:`gpubuf_kernels._tables`: no copy of it ever blocks the host).
+Given outputs go in by address (``out_base = 0``, ``out_per_batch = 0``).
 
-The kernel's grid is ``(cdiv(B, BLOCK_ROWS), S)``: a program owns ``BLOCK_ROWS`` output rows of
-one source, loads its table row, casts the addresses to pointers of the unit type with
-``.to(tl.pointer_type(...))`` and loops over the row in steps of ``BLOCK_BYTES``. The unit is a
-runtime branch on ``unit_bytes``, one specialised copy loop per width, so every source shares the
-launch whatever its width. (The PTX of Triton 3.6 and 3.9 for sm_90 holds ``ld/st.global.v2.b64``
-in the 16-byte branch; without the pointer hints it holds none.)
+``row_units`` and ``src_stride_units`` count *units*: the widest of 16, 8, 4, 2 or 1 bytes that
+divides the row's size, the row stride and both addresses, so every access is aligned to it.
+``kind`` picks the copy of the row's width class, each with a tile shaped for it:
+
+====  ==============================  ==========================================
+kind  rows of                         tile per program (rows x units)
+====  ==============================  ==========================================
+0     16-byte units (int64 pairs)     BLOCK_ROWS x 8 (128 B a row per step)
+1-4   8, 4, 2, 1-byte units           BLOCK_ROWS x 8 (8 to 64 B a row per step)
+5-8   one 8, 4, 2 or 1-byte unit      BLOCK_ROWS (one access a row: ``done``, ``reward``)
+====  ==============================  ==========================================
+
+A one-byte ``done`` flag thus costs one masked load and store per row, not a 1 KiB-wide tile of
+mostly masked lanes, and no branch holds more than 4 units (or 4 16-byte vectors) per thread, so
+the register count that one kernel allocates for all branches stays low. 16-byte units are int64
+pairs with alignment hints, which give 128-bit loads and stores (``ld.global.v2.b64``).
+
+The grid is ``(row blocks, source groups, column splits)``. A program reads the index of its
+``BLOCK_ROWS`` output rows once, then copies those rows of every ``n_groups``-th source; at small
+batches the launcher spreads sources (and the columns of wide rows) over more programs so the
+device has enough of them, at large ones each program copies its rows of every field.
 
 Sources whose rows are not dense blocks (a transposed view) or that carry a lazy conjugate or
 negative bit cannot be described by one address and stride; the launcher gathers those few with
@@ -32,8 +46,6 @@ negative bit cannot be described by one address and stride; the launcher gathers
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 from typing import Sequence
 
 import torch
@@ -41,51 +53,76 @@ import triton
 import triton.language as tl
 
 from gpubuf_kernels._config import GATHER_ROWS
-from gpubuf_kernels._launch import check_launch_device, device_guard, unit_bytes
+from gpubuf_kernels._launch import check_launch_device, device_guard, launch, unit_bytes
+from gpubuf_kernels._tables import device_table
 
-__all__ = ["gather_rows_triton"]
+__all__ = ["gather_rows_triton", "SPECIALIZATIONS", "OUT_ALIGN"]
 
 # Columns of one pointer-table row (int64). Globals read inside jitted code must be constexpr.
 _SRC_ADDR: tl.constexpr = tl.constexpr(0)
-_OUT_ADDR: tl.constexpr = tl.constexpr(1)
-_ROW_UNITS: tl.constexpr = tl.constexpr(2)
-_SRC_STRIDE: tl.constexpr = tl.constexpr(3)
-_UNIT_BYTES: tl.constexpr = tl.constexpr(4)
+_OUT_OFF: tl.constexpr = tl.constexpr(1)
+_OUT_PER_BATCH: tl.constexpr = tl.constexpr(2)
+_ROW_UNITS: tl.constexpr = tl.constexpr(3)
+_SRC_STRIDE: tl.constexpr = tl.constexpr(4)
+_KIND: tl.constexpr = tl.constexpr(5)
 _TABLE_COLS: tl.constexpr = tl.constexpr(8)
 
-# A CUDA grid's second axis holds at most 65535 programs; more sources take more launches.
-_MAX_SOURCES_PER_LAUNCH = 65535
+# Units per row per step of the wide tiles (a power of two). 8 int64 pairs = 128 bytes.
+_WIDE_COLS: tl.constexpr = tl.constexpr(8)
+
+#: Each field of a launcher-allocated output buffer starts at a multiple of this many bytes.
+OUT_ALIGN = 16
+
+#: kind of a source whose rows are ``row_units`` units of ``unit`` bytes.
+def _kind(unit: int, row_units: int) -> int:
+    if unit == 16:
+        return 0
+    wide = {8: 1, 4: 2, 2: 3, 1: 4}[unit]
+    return wide + 4 if row_units == 1 else wide
+
+
+_MAX_GRID_Y = 65535
 _MAX_ROW_BLOCKS = 2**31 - 1
 
 
 @triton.jit
-def _copy_rows(
+def _out_pointer(entry_ptr, out_base, batch, UNIT: tl.constexpr):
+    """The output's first element: ``out_base + out_off + batch * out_per_batch`` bytes."""
+    addr = out_base + tl.load(entry_ptr + _OUT_OFF) + batch * tl.load(entry_ptr + _OUT_PER_BATCH)
+    return addr.to(tl.pointer_type(UNIT))
+
+
+@triton.jit
+def _copy_wide(
     entry_ptr,  # int64 [_TABLE_COLS]: this source's pointer-table row
+    out_base,  # int64: base address of launcher-allocated outputs (0 for given ones)
+    batch,  # int64: B
     rows,  # int64 [BLOCK_ROWS]: output row numbers of this program
     src_rows,  # int64 [BLOCK_ROWS]: source row numbers, index[rows]
     row_mask,  # bool [BLOCK_ROWS]: row inside the batch and its index inside [0, N)
+    col_split,  # int64: this program's first column step
+    n_col_splits,  # int64: column steps are dealt out over this many programs
     UNIT: tl.constexpr,  # element type rows are moved as: tl.uint8, tl.int16, tl.int32 or tl.int64
     VEC: tl.constexpr,  # units per aligned access (2 for the 16-byte unit, else 1)
     ALIGN: tl.constexpr,  # bytes both addresses are multiples of: unit bytes x VEC
-    BLOCK_COLS: tl.constexpr,  # units per row per loop step
+    COLS: tl.constexpr,  # elements of UNIT per row per loop step
 ):
-    # The table row is loaded here, inside the branch that knows the unit, rather than once in
-    # the caller: an alignment hint attaches to the op that defines the value, so a hint on a value
-    # shared by all branches would also claim that alignment for the narrower units.
-    # Hints are what give 16-byte accesses: the compiler learns nothing about an address that
-    # comes from int_to_ptr, so the pointers are hinted as ALIGN-byte aligned, and the row length
-    # and stride as multiples of VEC units (so row offsets and the column mask keep VEC-unit runs).
-    # The launcher guarantees all four when it picks the unit.
+    # The table row is loaded here, inside the branch that knows the unit: an alignment hint
+    # attaches to the op that defines the value, so a hint on a value shared by all branches would
+    # also claim that alignment for the narrower units. The compiler learns nothing about an
+    # address that comes from int_to_ptr: the pointers are hinted ALIGN-byte aligned and the row
+    # length and stride multiples of VEC, which is what gives 16-byte accesses. The launcher
+    # guarantees all four when it picks the unit.
     row_units = tl.multiple_of(tl.load(entry_ptr + _ROW_UNITS), VEC)
     src_stride = tl.multiple_of(tl.load(entry_ptr + _SRC_STRIDE), VEC)
     src_ptr = tl.multiple_of(tl.load(entry_ptr + _SRC_ADDR).to(tl.pointer_type(UNIT)), ALIGN)
-    out_ptr = tl.multiple_of(tl.load(entry_ptr + _OUT_ADDR).to(tl.pointer_type(UNIT)), ALIGN)
+    out_ptr = tl.multiple_of(_out_pointer(entry_ptr, out_base, batch, UNIT), ALIGN)
 
     # int64 row offsets: N x row bytes passes 2^31 for large storages.
     src_off = src_rows * src_stride
     out_off = rows * row_units
-    cols = tl.arange(0, BLOCK_COLS)
-    for c0 in range(0, row_units, BLOCK_COLS):
+    cols = tl.arange(0, COLS)
+    for c0 in range(col_split * COLS, row_units, n_col_splits * COLS):
         c = c0 + cols
         mask = row_mask[:, None] & (c < row_units)[None, :]
         vals = tl.load(src_ptr + (src_off[:, None] + c[None, :]), mask=mask)
@@ -93,35 +130,77 @@ def _copy_rows(
 
 
 @triton.jit
+def _copy_scalar(entry_ptr, out_base, batch, rows, src_rows, row_mask, UNIT: tl.constexpr, ALIGN: tl.constexpr):
+    """Rows of one unit each: one access per row (arguments as :func:`_copy_wide`)."""
+    src_stride = tl.load(entry_ptr + _SRC_STRIDE)
+    src_ptr = tl.multiple_of(tl.load(entry_ptr + _SRC_ADDR).to(tl.pointer_type(UNIT)), ALIGN)
+    out_ptr = tl.multiple_of(_out_pointer(entry_ptr, out_base, batch, UNIT), ALIGN)
+    vals = tl.load(src_ptr + src_rows * src_stride, mask=row_mask)
+    tl.store(out_ptr + rows, vals, mask=row_mask)
+
+
+@triton.jit
 def _gather_rows_kernel(
     table_ptr,  # int64 [S, _TABLE_COLS]: pointer table, one row per source (module docstring)
     index_ptr,  # int32 or int64 [B]: source row of every output row
+    out_base,  # int64: address of the launcher-allocated output buffer, or 0
     n_rows,  # N, rows of every source
     batch,  # B, rows of every output
+    n_sources,  # S, rows of the table
     BLOCK_ROWS: tl.constexpr,  # output rows per program, a power of two
-    BLOCK_BYTES: tl.constexpr,  # bytes per row per loop step, a power of two >= 16
 ):
     pid_r = tl.program_id(0).to(tl.int64)
-    source = tl.program_id(1).to(tl.int64)
+    group = tl.program_id(1)
+    n_groups = tl.num_programs(1)
+    col_split = tl.program_id(2).to(tl.int64)
+    n_col_splits = tl.num_programs(2).to(tl.int64)
     rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     in_batch = rows < batch
     src_rows = tl.load(index_ptr + rows, mask=in_batch, other=0).to(tl.int64)
     # An index outside [0, N) (possible only with check_bounds=False) leaves its output row
     # unwritten instead of reading out of bounds.
     row_mask = in_batch & (src_rows >= 0) & (src_rows < n_rows)
+    for source in range(group, n_sources, n_groups):
+        entry_ptr = table_ptr + source * _TABLE_COLS  # (S x 8 stays far below 2^31)
+        kind = tl.load(entry_ptr + _KIND)
+        if kind == 0:
+            _copy_wide(entry_ptr, out_base, batch, rows, src_rows, row_mask, col_split, n_col_splits,
+                       tl.int64, 2, 16, 2 * _WIDE_COLS)
+        elif kind == 1:
+            _copy_wide(entry_ptr, out_base, batch, rows, src_rows, row_mask, col_split, n_col_splits,
+                       tl.int64, 1, 8, _WIDE_COLS)
+        elif kind == 2:
+            _copy_wide(entry_ptr, out_base, batch, rows, src_rows, row_mask, col_split, n_col_splits,
+                       tl.int32, 1, 4, _WIDE_COLS)
+        elif kind == 3:
+            _copy_wide(entry_ptr, out_base, batch, rows, src_rows, row_mask, col_split, n_col_splits,
+                       tl.int16, 1, 2, _WIDE_COLS)
+        elif kind == 4:
+            _copy_wide(entry_ptr, out_base, batch, rows, src_rows, row_mask, col_split, n_col_splits,
+                       tl.uint8, 1, 1, _WIDE_COLS)
+        elif col_split == 0:  # one unit a row: the first column split copies it
+            if kind == 5:
+                _copy_scalar(entry_ptr, out_base, batch, rows, src_rows, row_mask, tl.int64, 8)
+            elif kind == 6:
+                _copy_scalar(entry_ptr, out_base, batch, rows, src_rows, row_mask, tl.int32, 4)
+            elif kind == 7:
+                _copy_scalar(entry_ptr, out_base, batch, rows, src_rows, row_mask, tl.int16, 2)
+            else:
+                _copy_scalar(entry_ptr, out_base, batch, rows, src_rows, row_mask, tl.uint8, 1)
 
-    entry_ptr = table_ptr + source * _TABLE_COLS
-    unit_bytes = tl.load(entry_ptr + _UNIT_BYTES)
-    if unit_bytes == 16:
-        _copy_rows(entry_ptr, rows, src_rows, row_mask, tl.int64, 2, 16, BLOCK_BYTES // 8)
-    elif unit_bytes == 8:
-        _copy_rows(entry_ptr, rows, src_rows, row_mask, tl.int64, 1, 8, BLOCK_BYTES // 8)
-    elif unit_bytes == 4:
-        _copy_rows(entry_ptr, rows, src_rows, row_mask, tl.int32, 1, 4, BLOCK_BYTES // 4)
-    elif unit_bytes == 2:
-        _copy_rows(entry_ptr, rows, src_rows, row_mask, tl.int16, 1, 2, BLOCK_BYTES // 2)
-    else:
-        _copy_rows(entry_ptr, rows, src_rows, row_mask, tl.uint8, 1, 1, BLOCK_BYTES)
+
+#: What the launcher compiles: one kernel specialisation per row (the AOT compile check reads
+#: this). Every width class is a branch of each; the index dtype and BLOCK_ROWS vary.
+SPECIALIZATIONS = [
+    {
+        "kernel": "_gather_rows_kernel",
+        "signature": {"table_ptr": "*i64", "index_ptr": f"*{index}", "out_base": "i64", "n_rows": "i64",
+                      "batch": "i32", "n_sources": "i32"},
+        "constexprs": {"BLOCK_ROWS": GATHER_ROWS["BLOCK_ROWS"]},
+        "num_warps": GATHER_ROWS["num_warps"],
+    }
+    for index in ("i64", "i32")
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -129,15 +208,6 @@ def _gather_rows_kernel(
 # --------------------------------------------------------------------------------------------
 
 _INDEX_DTYPES = (torch.int64, torch.int32)
-
-# Device copies of recent pointer tables. A sampling loop gathers the same storage into the same
-# (preallocated or allocator-recycled) outputs again and again; reusing the table saves a
-# host-to-device copy per call. The key holds every value of the table, so a hit is exact. It also
-# holds the stream: a table is only used on the stream it was copied and allocated on, so neither
-# a pageable copy still in flight nor the allocator's stream-ordered reuse after eviction can race.
-_TABLE_CACHE: OrderedDict[tuple, torch.Tensor] = OrderedDict()
-_TABLE_CACHE_SIZE = 64
-_TABLE_CACHE_LOCK = threading.Lock()
 
 
 def _rows_contiguous(t: torch.Tensor) -> bool:
@@ -148,24 +218,6 @@ def _rows_contiguous(t: torch.Tensor) -> bool:
             return False
         expected *= size
     return True
-
-
-def _device_table(entries: list[int], device: torch.device) -> torch.Tensor:
-    host = torch.tensor(entries, dtype=torch.int64).view(-1, _TABLE_COLS.value)
-    if device.type != "cuda":
-        return host
-    key = (device, torch.cuda.current_stream(device).cuda_stream, tuple(entries))
-    with _TABLE_CACHE_LOCK:
-        table = _TABLE_CACHE.get(key)
-        if table is not None:
-            _TABLE_CACHE.move_to_end(key)
-            return table
-    table = host.to(device)
-    with _TABLE_CACHE_LOCK:
-        _TABLE_CACHE[key] = table
-        while len(_TABLE_CACHE) > _TABLE_CACHE_SIZE:
-            _TABLE_CACHE.popitem(last=False)
-    return table
 
 
 def _is_pow2(x: int) -> bool:
@@ -244,11 +296,15 @@ def gather_rows_triton(
             lies outside ``[0, N)`` is left unwritten rather than read out of bounds.
         outs: optional outputs, one per source, of shape ``[B, *trail_i]``, the source's dtype,
             on the same device and contiguous. They are overwritten (mutated) and returned.
-            When ``None``, contiguous outputs are allocated. Outputs must not overlap the sources.
+            When ``None``, the outputs are allocated as views of one buffer (one allocation, and
+            a pointer table that depends on the sources alone). Outputs must not overlap the
+            sources.
 
     Returns:
         One contiguous tensor of shape ``[B, *trail_i]`` per source, ``outs`` when given. With
-        ``B == 0`` they are empty and nothing is launched.
+        ``B == 0`` they are empty and nothing is launched. No host synchronisation: the pointer
+        table of a layout is copied to the device once, without waiting
+        (:mod:`gpubuf_kernels._tables`).
 
     Raises:
         TypeError: a non-tensor argument, a non-strided source, an index that is not a 1-D
@@ -263,53 +319,77 @@ def gather_rows_triton(
     device = sources[0].device
     batch = index.shape[0]
     n_rows = sources[0].shape[0]
-    if outs is None:
-        outs = [torch.empty((batch, *src.shape[1:]), dtype=src.dtype, device=device) for src in sources]
-    if batch == 0:
-        return outs
-
     index = index.contiguous()
+    given = outs is not None
+    if not given:
+        outs = [None] * len(sources)
     entries: list[int] = []
-    for src, out in zip(sources, outs):
+    fields: list[tuple[int, int, int]] = []  # (source, prefix bytes, row bytes) of the output buffer
+    prefix = 0
+    steps = 1  # column steps of the widest row
+    for i, src in enumerate(sources):
         row_bytes = math.prod(src.shape[1:]) * src.element_size()
-        if row_bytes == 0:
-            continue  # nothing to move for a trailing dim of size 0
-        if src.is_conj() or src.is_neg() or not _rows_contiguous(src):
-            torch.index_select(src, 0, index, out=out)
+        dense = row_bytes > 0 and not (src.is_conj() or src.is_neg()) and _rows_contiguous(src)
+        if not dense:
+            if outs[i] is None:
+                outs[i] = torch.empty((batch, *src.shape[1:]), dtype=src.dtype, device=device)
+            if row_bytes and batch:
+                torch.index_select(src, 0, index, out=outs[i])
             continue
-        src_addr, out_addr = src.data_ptr(), out.data_ptr()
+        src_addr = src.data_ptr()
         # With one row only index 0 is ever read, so the row stride is free; 0 keeps it from
         # narrowing the unit.
         stride_bytes = src.stride(0) * src.element_size() if n_rows > 1 else 0
-        # The widest unit dividing the row size, the source row stride and both addresses.
-        unit = unit_bytes(row_bytes, src_addr, out_addr, stride_bytes)
+        if given:
+            out_off, out_per_batch = outs[i].data_ptr(), 0
+            unit = unit_bytes(row_bytes, src_addr, out_off, stride_bytes)
+        else:
+            # Field after field in one buffer, each at a multiple of OUT_ALIGN bytes.
+            out_off, out_per_batch = 0, prefix
+            unit = unit_bytes(row_bytes, src_addr, stride_bytes)
+            fields.append((i, prefix, row_bytes))
+            prefix += -(-row_bytes // OUT_ALIGN) * OUT_ALIGN
         elem = min(unit, 8)  # 16-byte units are moved as pairs of int64
-        entries += [src_addr, out_addr, row_bytes // elem, stride_bytes // elem, unit, 0, 0, 0]
-    if not entries:
+        row_units = row_bytes // elem
+        kind = _kind(unit, row_units)
+        entries += [src_addr, out_off, out_per_batch, row_units, stride_bytes // elem, kind, 0, 0]
+        if kind <= 4:
+            steps = max(steps, triton.cdiv(row_units, 2 * _WIDE_COLS.value if kind == 0 else _WIDE_COLS.value))
+    out_base = 0
+    if fields:
+        buffer = torch.empty(batch * prefix, dtype=torch.uint8, device=device)
+        out_base = buffer.data_ptr()
+        for i, start, row_bytes in fields:
+            view = buffer[batch * start : batch * (start + row_bytes)]
+            outs[i] = view.view(sources[i].dtype).view(batch, *sources[i].shape[1:])
+    if batch == 0 or not entries:
         return outs
 
     cfg = GATHER_ROWS
-    block_rows, block_bytes = cfg["BLOCK_ROWS"], cfg["BLOCK_BYTES"]
-    if not (_is_pow2(block_rows) and _is_pow2(block_bytes) and block_bytes >= 16):
-        raise ValueError(
-            f"GATHER_ROWS config needs BLOCK_ROWS and BLOCK_BYTES powers of two and BLOCK_BYTES >= 16, got {cfg}"
-        )
+    block_rows = cfg["BLOCK_ROWS"]
+    if not _is_pow2(block_rows):
+        raise ValueError(f"GATHER_ROWS config needs BLOCK_ROWS a power of two, got {cfg}")
     row_blocks = triton.cdiv(batch, block_rows)
     if row_blocks > _MAX_ROW_BLOCKS:
         raise ValueError(f"batch of {batch} rows needs {row_blocks} programs, above the grid limit {_MAX_ROW_BLOCKS}")
-
-    # One launch for all sources; the loop only splits past the grid's 65535 sources on axis 1.
-    table = _device_table(entries, device)
+    n_sources = len(entries) // _TABLE_COLS.value
+    # Enough programs to fill the device: small batches spread their sources, then the column
+    # steps of wide rows, over more programs; large batches give each program every source.
+    target = cfg["TARGET_PROGRAMS"]
+    groups = max(1, min(n_sources, triton.cdiv(target, row_blocks), _MAX_GRID_Y))
+    splits = max(1, min(steps, triton.cdiv(target, row_blocks * groups), _MAX_GRID_Y))
+    table = device_table(tuple(entries), _TABLE_COLS.value, device)
     with device_guard(device):
-        for first in range(0, table.shape[0], _MAX_SOURCES_PER_LAUNCH):
-            part = table[first : first + _MAX_SOURCES_PER_LAUNCH]
-            _gather_rows_kernel[(row_blocks, part.shape[0])](
-                part,
-                index,
-                n_rows,
-                batch,
-                BLOCK_ROWS=block_rows,
-                BLOCK_BYTES=block_bytes,
-                num_warps=cfg["num_warps"],
-            )
+        launch(
+            _gather_rows_kernel,
+            (row_blocks, groups, splits),
+            table,
+            index,
+            out_base,
+            n_rows,
+            batch,
+            n_sources,
+            BLOCK_ROWS=block_rows,
+            num_warps=cfg["num_warps"],
+        )
     return outs

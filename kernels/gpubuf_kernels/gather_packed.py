@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpubuf_kernels._launch import check_launch_device, device_guard, unit_bytes
+from gpubuf_kernels._launch import check_launch_device, device_guard, launch, unit_bytes
 
 __all__ = ["gather_packed_triton", "GATHER_PACKED"]
 
@@ -214,7 +214,9 @@ def gather_packed_triton(
     with device_guard(device):
         for first in range(0, table.shape[0], _MAX_AXIS):
             part = table[first : first + _MAX_AXIS]
-            _gather_packed_kernel[(batch, chunks, part.shape[0])](
+            launch(
+                _gather_packed_kernel,
+                (batch, chunks, part.shape[0]),
                 part,
                 index,
                 starts,

@@ -284,6 +284,57 @@ def test_launcher_allocates_contiguous_outputs(kernel_device, gen):
     _assert_same(got[0], sources[0][[1, 6]])
 
 
+def test_outputs_it_allocates_share_one_buffer_and_keep_their_own_bytes(kernel_device, gen):
+    """Launcher-allocated outputs are views of one buffer, each at a 16-byte boundary, none overlapping."""
+    sources = [_source(9, trail, dtype, kernel_device, gen) for dtype, trail in
+               [(torch.bool, ()), (torch.float64, (3,)), (torch.uint8, (5,)), (torch.int16, (1,)), (torch.float32, (33,))]]
+    index = _index([8, 0, 4, 4, 7, 1, 2], kernel_device)
+    got = gather_rows_triton(sources, index)
+    base = got[0].untyped_storage().data_ptr()
+    spans = []
+    for g, w in zip(got, gather_rows_ref(sources, index)):
+        _assert_same(g, w)
+        assert g.untyped_storage().data_ptr() == base
+        assert (g.data_ptr() - base) % gather_mod.OUT_ALIGN == 0
+        spans.append((g.data_ptr(), g.data_ptr() + g.numel() * g.element_size()))
+    spans.sort()
+    assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
+
+
+@pytest.mark.parametrize("target", [1, 3, 4096])
+def test_every_spread_of_sources_and_columns_over_programs(target, kernel_device, gen, monkeypatch):
+    """One program for all sources, a few, or one per source and column step: the same bytes."""
+    monkeypatch.setitem(GATHER_ROWS, "TARGET_PROGRAMS", target)
+    sources = [
+        _source(7, (300,), torch.float32, kernel_device, gen),  # 1,200-byte rows: several column steps
+        _source(7, (), torch.bool, kernel_device, gen),
+        _source(7, (3,), torch.uint8, kernel_device, gen),
+        _source(7, (2,), torch.int64, kernel_device, gen),
+    ]
+    index = _index([6, 0, 3, 3, 2], kernel_device)
+    want = gather_rows_ref(sources, index)
+    outs = [_poisoned_like(w) for w in want]
+    for g, w in zip(gather_rows_triton(sources, index, outs), want):
+        _assert_same(g, w)
+        _assert_fully_written(g)
+
+
+def test_a_layout_builds_its_pointer_table_once(kernel_device, gen, monkeypatch):
+    """Batches of any size from the same sources reuse one table: no host-to-device copy after the first."""
+    from gpubuf_kernels import _tables
+
+    made = []
+    real = _tables._make
+    monkeypatch.setattr(_tables, "_make", lambda *a: made.append(a[0]) or real(*a))
+    _tables.clear()
+    sources = [_source(7, (3,), torch.float32, kernel_device, gen), _source(7, (), torch.bool, kernel_device, gen)]
+    for index in ([1, 2], [6, 6, 0], [0, 1, 2, 3, 4, 5, 6, 0, 1]):
+        got = gather_rows_triton(sources, _index(index, kernel_device))
+        for g, w in zip(got, gather_rows_ref(sources, _index(index, kernel_device))):
+            _assert_same(g, w)
+    assert len(made) == 1
+
+
 # ---------------------------------------------------------------------------------------------
 # The launcher's own checks (gather_rows checks first; the launcher is public too)
 # ---------------------------------------------------------------------------------------------

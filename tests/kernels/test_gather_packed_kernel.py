@@ -146,7 +146,8 @@ def test_more_rows_than_a_grid_axis_on_gpu():
 def test_packed_storage_samples_and_compacts_through_the_kernel(monkeypatch):
     """The storage's whole path (sampling, compaction into preallocated arenas) on the kernel.
 
-    On CPU the storages dispatch to the twin; forcing the kernel runs it through the interpreter.
+    On CPU the storages dispatch to the twin; the buffer's ``backend="triton"`` runs the kernel
+    through the interpreter.
     """
     from tensordict import TensorDict
 
@@ -159,8 +160,10 @@ def test_packed_storage_samples_and_compacts_through_the_kernel(monkeypatch):
         TensorDict(ids=torch.randint(0, 100, (n,), generator=gen), mask=torch.rand(n, generator=gen) > 0.5)
         for n in torch.randint(1, 30, (12,), generator=gen).tolist()
     ]
-    monkeypatch.setattr(op, "_wants_triton", lambda tensor: True)
-    rb = ReplayBuffer(storage=PackedStorage(6), batch_size=5)
+    calls = []
+    real = op.implementation("gather_packed", "triton")
+    monkeypatch.setattr(op, "implementation", lambda name, which: lambda *a: calls.append(name) or real(*a))
+    rb = ReplayBuffer(storage=PackedStorage(6), batch_size=5, backend="triton")
     rb.extend(items[:6])
     rb.storage.compact()
     rb.extend(items[6:])  # overwrites every row: the arena fills and compacts
@@ -169,3 +172,4 @@ def test_packed_storage_samples_and_compacts_through_the_kernel(monkeypatch):
     for b, i in enumerate(index.tolist()):
         assert torch.equal(batch["ids"][b], items[6 + i]["ids"])
         assert torch.equal(batch["mask"][b], items[6 + i]["mask"])
+    assert calls and set(calls) == {"gather_packed"}  # the kernel ran: the backend reached the storage

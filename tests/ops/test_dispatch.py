@@ -7,7 +7,7 @@ import torch
 
 from gpubuf.errors import BackendUnavailableError
 from gpubuf.ops import _dispatch
-from gpubuf.ops._dispatch import resolve_backend
+from gpubuf.ops._dispatch import KERNELS, check_backend, device_path, implementation, resolve, resolve_backend
 from gpubuf.ops.gather_rows import gather_rows
 from gpubuf.ops.sumtree import SumTree, sumtree_sample, sumtree_update
 
@@ -32,7 +32,9 @@ def test_explicit_numba_where_it_cannot_run_raises():
     with pytest.raises(BackendUnavailableError, match="no CPU kernel"):
         resolve_backend(torch.zeros(1), "numba")
     with pytest.raises(BackendUnavailableError, match="no CPU kernel"):
-        gather_rows([torch.zeros(4, 2)], torch.tensor([1]), backend="numba")
+        resolve("encode_rows_of_another_kind", torch.zeros(1), "numba")
+    with pytest.raises(BackendUnavailableError, match="no Triton kernel"):
+        resolve("encode_rows", torch.zeros(1), "triton")
     meta = torch.zeros(1, device="meta")
     with pytest.raises(BackendUnavailableError, match="CPU tensors only"):
         resolve_backend(meta, "numba", has_cpu_kernel=True)
@@ -92,3 +94,61 @@ def test_decode_rows_runs_the_chosen_cpu_path(monkeypatch):
         decode_rows(table, index)
     monkeypatch.setenv("GPUBUF_NUMBA", "0")
     assert torch.equal(decode_rows(table, index), rows[index])
+
+
+def test_every_kernel_of_the_table_imports():
+    """Every ``(op, device)`` row names a function that exists (the Triton ones through the interpreter here)."""
+    for (op, device_type), where in KERNELS.items():
+        which = {"cuda": "triton", "cpu": "numba"}[device_type]
+        assert callable(implementation(op, which)), where
+
+
+def test_the_table_decides_auto_and_explicit_choices():
+    cpu = torch.zeros(1)
+    assert resolve("gather_rows", cpu, "auto") == "numba"
+    assert resolve("gather_rows", cpu, "triton") == "triton"  # the interpreter is on in the tests
+    assert resolve("encode_rows", cpu, "auto") == "numba"
+    assert resolve("no_such_op", cpu, "auto") == "torch"
+
+
+def test_gather_rows_runs_its_cpu_kernel_when_asked():
+    sources = [torch.arange(30).view(10, 3), torch.arange(10.0)]
+    index = torch.tensor([9, 0, 4, 4])
+    got = gather_rows(sources, index, backend="numba")
+    assert all(torch.equal(g, s[index]) for g, s in zip(got, sources))
+
+
+def test_device_path_follows_the_backend_not_the_machine(monkeypatch):
+    cpu = torch.zeros(1)
+    assert device_path(cpu, "triton")
+    assert not device_path(cpu, "auto") and not device_path(cpu, "torch") and not device_path(cpu, "numba")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(BackendUnavailableError, match="TRITON_INTERPRET"):
+        device_path(cpu, "triton")
+
+
+def test_check_backend_refuses_what_cannot_run(monkeypatch):
+    assert check_backend("auto") == "auto" and check_backend("triton") == "triton"
+    with pytest.raises(ValueError, match="backend must be one of"):
+        check_backend("cuda")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(BackendUnavailableError, match="needs a CUDA device"):
+        check_backend("triton")
+    monkeypatch.setattr(_dispatch, "numba_importable", lambda: False)
+    with pytest.raises(BackendUnavailableError, match="numba"):
+        check_backend("numba")
+
+
+def test_the_buffer_hands_its_backend_to_storage_and_sampler():
+    from gpubuf import LazyTensorStorage, RandomSampler, ReplayBuffer
+
+    rb = ReplayBuffer(storage=LazyTensorStorage(10), backend="triton")
+    assert rb.backend == rb.storage._backend == rb.sampler._backend == "triton"
+    rb.set_sampler(RandomSampler())
+    rb.set_storage(LazyTensorStorage(5))
+    assert rb.sampler._backend == rb.storage._backend == "triton"
+    rb.set_backend("torch")
+    assert rb.sampler._backend == rb.storage._backend == "torch"
+    with pytest.raises(ValueError, match="backend must be one of"):
+        ReplayBuffer(storage=LazyTensorStorage(10), backend="gpu")

@@ -1,0 +1,77 @@
+"""The device path end to end on CPU tensors: buffers built with ``backend="triton"`` run the
+ops CUDA rows run (Triton through the interpreter), with counted launches and no host sync."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from gpubuf import LazyTensorStorage, TensorDictReplayBuffer
+from gpubuf.ops.device_work import count_device_work
+
+from device_helpers import assert_work
+
+
+def _rows(n: int, start: int = 0) -> TensorDict:
+    """Five fields of four widths, every value derived from the row's id."""
+    ids = torch.arange(start, start + n)
+    return TensorDict(
+        {
+            "obs": ids[:, None].float().expand(n, 7).clone(),
+            "action": ids[:, None].expand(n, 3).clone(),
+            "reward": ids.double(),
+            "done": ids % 2 == 0,
+            "next": {"obs": (ids[:, None] + 1).to(torch.int16).expand(n, 5).clone()},
+        },
+        batch_size=[n],
+    )
+
+
+def _buffer(backend: str, seed: int = 0) -> TensorDictReplayBuffer:
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(40), batch_size=19, backend=backend, generator=torch.Generator().manual_seed(seed)
+    )
+    rb.extend(_rows(33))
+    return rb
+
+
+def test_a_uniform_sample_on_the_device_path_is_one_draw_and_the_gather():
+    rb = _buffer("triton")
+    with count_device_work("cpu") as work:
+        batch = rb.sample()
+    # The draw (randint) and the fused gather of the five fields; "index" is the draw itself.
+    assert_work(work, launches=2, host_syncs=0,
+                kernels={"aten:randint.low_generator": 1, "triton:_gather_rows_kernel": 1})
+    want = _buffer("auto").sample()
+    assert (batch == want).all()
+    assert torch.equal(batch["index"], batch["reward"].long())
+
+
+def test_an_extend_on_the_device_path_copies_each_field_once_and_never_syncs():
+    rb = _buffer("triton")
+    data = _rows(5, start=100)
+    with count_device_work("cpu") as work:
+        rb.extend(data)
+    # One copy per stored field (five and "index") and the index range.
+    assert_work(work, max_launches=8, host_syncs=0)
+    assert work.kernels["aten:copy_.default"] == 6
+    assert torch.equal(rb[33:38]["reward"], torch.arange(100, 105).double())
+
+
+def test_an_extend_that_wraps_on_the_device_path_never_syncs():
+    rb = _buffer("triton")
+    data = _rows(10, start=200)
+    with count_device_work("cpu") as work:
+        rb.extend(data)  # rows 33..39 then 0..2
+    assert_work(work, max_launches=14, host_syncs=0)
+    assert torch.equal(rb[:3]["reward"], torch.tensor([207.0, 208.0, 209.0], dtype=torch.float64))
+
+
+def test_the_forced_path_refuses_tensors_triton_cannot_run_on(monkeypatch):
+    rb = _buffer("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    from gpubuf.errors import BackendUnavailableError
+
+    with pytest.raises(BackendUnavailableError, match="TRITON_INTERPRET"):
+        rb.sample()
