@@ -52,7 +52,7 @@ Ops
 * :func:`importance_weights`: ``(value / p_min) ** (-beta)``.
 * :func:`sumtree_check`: raise the error a device kernel recorded.
 
-Backends (one table, :func:`~gpubuf.ops._dispatch.resolve_backend`): CUDA trees run the Triton
+Backends (one table, :data:`~gpubuf.ops._dispatch.KERNELS`): CUDA trees run the Triton
 kernels of ``gpubuf_kernels.sumtree``; CPU trees the compiled loops of
 ``gpubuf_kernels.cpu.sumtree`` (Numba, a dependency), else the twins. The compiled CPU kernels
 give the twins' results bit for bit, but for the importance weights (the C library's ``pow``,
@@ -80,7 +80,7 @@ import numpy as np
 import torch
 
 from gpubuf.errors import DeviceMismatchError, EmptyBufferError, IndexOutOfRangeError, PriorityError
-from gpubuf.ops._dispatch import kernel_module, resolve_backend
+from gpubuf.ops._dispatch import kernel_module, resolve
 from gpubuf.ops.host_memory import HUGE_PAGE_BYTES, empty_host
 
 __all__ = [
@@ -579,7 +579,7 @@ def sumtree_update(
         limit = tree.capacity
     elif not 0 <= limit <= tree.capacity:
         raise ValueError(f"limit must lie in [0, {tree.capacity}], got {limit}")
-    which = resolve_backend(tree.leaves, backend, has_cpu_kernel=True)
+    which = resolve("sumtree_update", tree.leaves, backend)
     if which == "triton":
         if validate and eager:
             prio = _default_priority(max_priority, tree.device) if default else priority
@@ -831,7 +831,7 @@ def sumtree_sample(
         DeviceMismatchError: ``uniforms`` is not on the tree's device.
     """
     _check_uniforms(tree, uniforms)
-    which = resolve_backend(tree.leaves, backend, has_cpu_kernel=True)
+    which = resolve("sumtree_sample", tree.leaves, backend)
     if which == "triton":
         index, value, _ = kernel_module("sumtree").sumtree_sample_triton(
             tree, uniforms.to(torch.float64), stratified=stratified
@@ -867,7 +867,7 @@ def sumtree_sample_weighted(
         As :func:`sumtree_sample`.
     """
     _check_uniforms(tree, uniforms)
-    which = resolve_backend(tree.leaves, backend, has_cpu_kernel=True)
+    which = resolve("sumtree_sample", tree.leaves, backend)
     if which == "triton":
         index, _, weight = kernel_module("sumtree").sumtree_sample_triton(
             tree, uniforms.to(torch.float64), stratified=stratified, beta=float(beta)

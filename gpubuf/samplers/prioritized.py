@@ -17,6 +17,7 @@ from gpubuf.errors import (
     PriorityError,
     SchemaMismatchError,
 )
+from gpubuf.ops._dispatch import device_path
 from gpubuf.ops.sumtree import SumTree, sumtree_check, sumtree_rebuild, sumtree_sample_weighted, sumtree_update
 from gpubuf.samplers.base import Sampler
 from gpubuf.samplers.random import _check_batch_size, _unravel
@@ -87,10 +88,7 @@ class PrioritizedSampler(Sampler):
             i.i.d. masses (TorchRL's scheme, the default). Lower variance, same marginals.
         eager_checks: on a GPU tree, check priorities and indices on the host before each
             update (one synchronisation) and raise at the call, as on a CPU; see "Errors on the
-            GPU".
-        backend: ``"auto"`` (the tree's device decides), ``"torch"``, ``"triton"`` or
-            ``"numba"``: the sum-tree ops' backend. ``"triton"`` with CPU tensors needs
-            ``TRITON_INTERPRET=1`` and runs exactly the code path of a CUDA tree.
+            GPU". The sum-tree ops' backend is the buffer's (``ReplayBuffer(backend=...)``).
 
     Devices:
         :meth:`sample` returns ``index`` and ``info["priority_weight"]`` on the storage's
@@ -139,7 +137,6 @@ class PrioritizedSampler(Sampler):
         *,
         stratified: bool = False,
         eager_checks: bool = False,
-        backend: str = "auto",
     ) -> None:
         if isinstance(max_capacity, bool) or not isinstance(max_capacity, numbers.Integral) or max_capacity <= 0:
             raise CapacityError(f"max_capacity must be a positive integer, got {max_capacity!r}")
@@ -156,7 +153,6 @@ class PrioritizedSampler(Sampler):
         self._max_priority_within_buffer = bool(max_priority_within_buffer)
         self.stratified = bool(stratified)
         self.eager_checks = bool(eager_checks)
-        self.backend = backend
         self._device = None if device is None else torch.device(device)
         self._storage: Any = None
         self._bound_device_attr: Any = _UNBOUND
@@ -380,12 +376,12 @@ class PrioritizedSampler(Sampler):
                 if prio is None:
                     prio = torch.as_tensor(self.default_priority, dtype=torch.float64, device=self._tree.device).reshape(1)
                 sumtree_update(self._tree, flat, prio, alpha=self._alpha, eps=self._eps, limit=self._limit(storage),
-                               eager=True, backend=self.backend)
+                               eager=True, backend=self._backend)
                 self._track_within_buffer(flat, prio)
                 return
             sumtree_update(
                 self._tree, flat, prio, alpha=self._alpha, eps=self._eps, limit=self._limit(storage),
-                max_priority=self._max_value, eager=self.eager_checks, backend=self.backend,
+                max_priority=self._max_value, eager=self.eager_checks, backend=self._backend,
             )
 
     def _track_within_buffer(self, index: torch.Tensor, priority: torch.Tensor) -> None:
@@ -450,11 +446,11 @@ class PrioritizedSampler(Sampler):
         if len(storage) == 0:
             raise EmptyBufferError(_EMPTY)
         tree = self._tree
-        if self.backend != "triton" and tree.device.type == "cpu" and not tree.total().item() > 0:
+        if not device_path(tree.leaves, self._backend) and not tree.total().item() > 0:
             # A read of host memory; a GPU tree records this on the device instead (check_errors).
             raise EmptyBufferError(_ALL_ZERO)
         index, weight = sumtree_sample_weighted(
-            tree, self._uniforms(batch_size), self._beta, stratified=self.stratified, backend=self.backend
+            tree, self._uniforms(batch_size), self._beta, stratified=self.stratified, backend=self._backend
         )
         target = _storage_device(storage)
         if target is not None and target != index.device:

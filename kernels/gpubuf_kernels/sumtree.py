@@ -47,14 +47,13 @@ results come out bit for bit; through the interpreter, which has no libdevice, t
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
 from gpubuf_kernels._config import SUMTREE
+from gpubuf_kernels._launch import check_launch_device, device_guard, interpreter_enabled, launch
 
 __all__ = ["ERROR_BITS", "sumtree_sample_triton", "sumtree_update_triton"]
 
@@ -368,7 +367,7 @@ _BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
 def _libdevice() -> bool:
     """Compiled kernels take CUDA's ``pow`` (torch's on the GPU); the interpreter, which has no
     libdevice, ``exp(y * log(x))``, within a few ulps of it."""
-    return os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+    return not interpreter_enabled()
 
 
 def sumtree_update_triton(
@@ -401,6 +400,7 @@ def sumtree_update_triton(
     """
     _check_tree(tree)
     device = tree.leaves.device
+    check_launch_device(device, "sumtree_update_triton")
     if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool or index.ndim != 1:
         raise TypeError(f"index must be a 1-D integer tensor, got {index.dtype} of shape {list(index.shape)}")
     n = index.numel()
@@ -430,35 +430,40 @@ def sumtree_update_triton(
     blk = block or SUMTREE["BLOCK"]
     grid = (triton.cdiv(n, blk),)
     warps = SUMTREE["num_warps"]
-    _sumtree_claim_kernel[grid](
-        bits, index, tree.leaves if priority is None else priority.contiguous(), values, max_bits, tree.flags,
-        n, limit, float(alpha), float(eps),
-        ONE_PRIORITY=priority is not None and priority.numel() == 1 and n != 1,
-        FROM_MAX=priority is None,
-        TRACK_MAX=max_priority is not None,
-        ALPHA_ZERO=alpha == 0,
-        ALPHA_ONE=alpha == 1,
-        LIBDEVICE=_libdevice(),
-        BLOCK=blk,
-        num_warps=warps,
-    )
+    with device_guard(device):
+        launch(
+            _sumtree_claim_kernel, grid,
+            bits, index, tree.leaves if priority is None else priority.contiguous(), values, max_bits, tree.flags,
+            n, limit, float(alpha), float(eps),
+            ONE_PRIORITY=priority is not None and priority.numel() == 1 and n != 1,
+            FROM_MAX=priority is None,
+            TRACK_MAX=max_priority is not None,
+            ALPHA_ZERO=alpha == 0,
+            ALPHA_ONE=alpha == 1,
+            LIBDEVICE=_libdevice(),
+            BLOCK=blk,
+            num_warps=warps,
+        )
     shift = tree.fanout.bit_length() - 1
     leaf_parents = tree.depth - 1
     mid = [k for k in range(leaf_parents - 1, top_from - 1, -1)]  # levels refreshed per entry above the leaves' parents
     node_block = SUMTREE["NODE_BLOCK"]
-    _sumtree_write_kernel[grid](
-        tree.leaves, bits, index, values, tree.sums, tree.mins, rows, offsets, sizes, tree.flags,
-        n, limit, tree.level_offsets[leaf_parents],
-        FANOUT=tree.fanout, SHIFT=shift, TOP_FROM=0 if mid else top_from, NODE_BLOCK=node_block, BLOCK=blk,
-        num_warps=warps,
-    )
-    for step, k in enumerate(mid, start=1):
-        _sumtree_refresh_kernel[grid](
-            tree.sums, tree.mins, rows, offsets, sizes, tree.flags,
-            n, tree.level_offsets[k], tree.level_offsets[k + 1],
-            UP=shift * step, FANOUT=tree.fanout, TOP_FROM=top_from if k == mid[-1] else 0,
-            NODE_BLOCK=node_block, BLOCK=blk, num_warps=warps,
+    with device_guard(device):
+        launch(
+            _sumtree_write_kernel, grid,
+            tree.leaves, bits, index, values, tree.sums, tree.mins, rows, offsets, sizes, tree.flags,
+            n, limit, tree.level_offsets[leaf_parents],
+            FANOUT=tree.fanout, SHIFT=shift, TOP_FROM=0 if mid else top_from, NODE_BLOCK=node_block, BLOCK=blk,
+            num_warps=warps,
         )
+        for step, k in enumerate(mid, start=1):
+            launch(
+                _sumtree_refresh_kernel, grid,
+                tree.sums, tree.mins, rows, offsets, sizes, tree.flags,
+                n, tree.level_offsets[k], tree.level_offsets[k + 1],
+                UP=shift * step, FANOUT=tree.fanout, TOP_FROM=top_from if k == mid[-1] else 0,
+                NODE_BLOCK=node_block, BLOCK=blk, num_warps=warps,
+            )
 
 
 def sumtree_sample_triton(
@@ -481,6 +486,7 @@ def sumtree_sample_triton(
     """
     _check_tree(tree)
     device = tree.leaves.device
+    check_launch_device(device, "sumtree_sample_triton")
     if uniforms.dtype != torch.float64 or uniforms.ndim != 1:
         raise TypeError(f"uniforms must be a 1-D float64 tensor, got {uniforms.dtype} of shape {list(uniforms.shape)}")
     if uniforms.device != device:
@@ -493,10 +499,12 @@ def sumtree_sample_triton(
     if n == 0:
         return index, value, weight
     blk = block or SUMTREE["SAMPLE_BLOCK"]
-    _sumtree_sample_kernel[(triton.cdiv(n, blk),)](
-        tree.leaves, tree.sums, tree.mins, tree.offsets_tensor(), uniforms, index, value,
-        value if weight is None else weight, tree.flags, n, 0.0 if beta is None else float(beta),
-        DEPTH=tree.depth, FANOUT=tree.fanout, STRATIFIED=stratified, HAS_WEIGHTS=beta is not None,
-        LIBDEVICE=_libdevice(), BLOCK=blk, num_warps=SUMTREE["num_warps"],
-    )
+    with device_guard(device):
+        launch(
+            _sumtree_sample_kernel, (triton.cdiv(n, blk),),
+            tree.leaves, tree.sums, tree.mins, tree.offsets_tensor(), uniforms, index, value,
+            value if weight is None else weight, tree.flags, n, 0.0 if beta is None else float(beta),
+            DEPTH=tree.depth, FANOUT=tree.fanout, STRATIFIED=stratified, HAS_WEIGHTS=beta is not None,
+            LIBDEVICE=_libdevice(), BLOCK=blk, num_warps=SUMTREE["num_warps"],
+        )
     return index, value, weight
