@@ -25,13 +25,14 @@ GATHER_ROWS = {
 # Sum tree (sumtree.py). The update's programs handle BLOCK entries each (the write and refresh
 # kernels hold a [BLOCK, FANOUT] tile of children: 64 x 32 x 8 bytes = 16 KiB at num_warps=4); the
 # sample's SAMPLE_BLOCK masses each. Levels of at most TOP_WHOLE nodes are rebuilt whole by the
-# update's last program, NODE_BLOCK nodes at a time: with 2048, trees of up to 2**26 leaves update
+# update's last program, NODE_BLOCK nodes at a time (32 keeps the write kernel under 100 registers
+# on sm_90, no spills): with 2048, trees of up to 2**26 leaves update
 # in at most 3 launches. All must be powers of two; the tests size batches around them through the
 # launchers' `block=`.
 SUMTREE = {
     "BLOCK": 64,
     "SAMPLE_BLOCK": 64,
     "TOP_WHOLE": 2048,
-    "NODE_BLOCK": 64,
+    "NODE_BLOCK": 32,
     "num_warps": 4,
 }
