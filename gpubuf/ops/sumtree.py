@@ -779,28 +779,27 @@ def _draw_numba(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The compiled draw: ``(index, value, weight or None)`` in one call.
 
-    Batches from :data:`_SORTED_DRAWS` on descend draw by draw in increasing order of mass (i.i.d.
-    draws are put in that order by one radix sort of 31-bit keys; ties cost only locality),
-    smaller ones level by level in draw order.
+    Batches from :data:`_SORTED_DRAWS` on descend draw by draw in (nearly) increasing order of
+    mass, which the kernel finds itself (a counting sort), smaller ones level by level in draw
+    order.
     """
     arrays = tree._numpy_arrays()
-    u = uniforms.detach().to(torch.float64).contiguous()
+    u = uniforms.detach()
+    if u.dtype != torch.float64:
+        u = u.to(torch.float64)
     n = u.numel()
     index = torch.empty(n, dtype=torch.int64)
     value = torch.empty(n, dtype=tree.dtype)
     weight = torch.empty(n if beta is not None else 0, dtype=tree.dtype)
-    in_mass_order = n >= _SORTED_DRAWS
-    order = _NO_ORDER
-    if in_mass_order and not stratified:  # stratified masses increase already
-        order = torch.sort((u * 2.0**31).to(torch.int32)).indices
     kernel_module("cpu.sumtree").draw(
-        arrays.leaves, arrays.sums, arrays.mins, arrays.offsets, arrays.sizes, arrays.shift, u.numpy(), bool(stratified),
-        in_mass_order, order.numpy(), 0.0 if beta is None else float(beta), index.numpy(), value.numpy(), weight.numpy(),
+        arrays.leaves, arrays.sums, arrays.mins, arrays.offsets, arrays.sizes, arrays.shift, _numpy(u), bool(stratified),
+        n >= _SORTED_DRAWS, _NO_ORDER_ARRAY, 0.0 if beta is None else float(beta), index.numpy(), value.numpy(),
+        weight.numpy(),
     )
     return index, value, (weight if beta is not None else None)
 
 
-_NO_ORDER = torch.zeros(0, dtype=torch.int64)
+_NO_ORDER_ARRAY = np.zeros(0, dtype=np.int64)
 
 
 def _check_uniforms(tree: SumTree, uniforms: Any) -> None:

@@ -329,3 +329,46 @@ def test_gpu_torch_backend_never_returns_zero_leaves():
     u = torch.rand(1 << 20, dtype=torch.float64, device="cuda")
     index, value = sumtree_sample(tree, u, backend="torch")
     assert bool((value > 0).all())
+
+
+@pytest.mark.gpu
+def test_gpu_prioritized_step_captured_in_a_cuda_graph_replays():
+    """Sample and update of a fixed batch size, captured once and replayed: each replay draws anew
+    from the current tree and writes its priorities; the running maximum stays the fixed tensor."""
+    from tensordict import TensorDict
+
+    from gpubuf import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
+
+    torch.manual_seed(0)
+    rb = TensorDictPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=LazyTensorStorage(4096, device="cuda"))
+    rb.extend(TensorDict({"obs": torch.randn(4096, 8, device="cuda")}, batch_size=[4096]))
+    priority = torch.rand(256, device="cuda") + 0.1
+    slot = rb.sampler._max_value.data_ptr()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # warm up outside the capture
+            batch = rb.sample(256)
+            rb.update_priority(batch["index"], priority)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        batch = rb.sample(256)
+        rb.update_priority(batch["index"], priority)
+    seen = []
+    for step in range(3):
+        priority.copy_(torch.rand(256, device="cuda") + step + 1.0)
+        graph.replay()
+        torch.cuda.synchronize()
+        index = batch["index"].clone()
+        seen.append(index)
+        leaves = rb.sampler.tree.values()[index].double()
+        want = (priority.double() + rb.sampler._eps) ** 0.7
+        last = torch.full((4096,), -1, dtype=torch.long, device="cuda")
+        last.scatter_reduce_(0, index, torch.arange(256, device="cuda"), "amax")  # the last write of each index
+        torch.testing.assert_close(leaves, want[last[index]].to(leaves.dtype), rtol=1e-6, atol=0)
+        exact = rb.sampler.tree.values().double().sum()
+        torch.testing.assert_close(rb.sampler.tree.total(), exact, rtol=1e-9, atol=0)
+    assert not torch.equal(seen[0], seen[1])
+    assert rb.sampler._max_value.data_ptr() == slot and rb.sampler._max_value.item() == pytest.approx(priority.max().item())
+    rb.sampler.check_errors()
