@@ -502,8 +502,6 @@ def _check_values(
         )
 
 
-
-
 def _default_priority(max_priority: torch.Tensor | None, device: torch.device) -> torch.Tensor:
     """The priority of new items: the running maximum, or 1.0 while it holds none (``-inf``)."""
     if max_priority is None:

@@ -222,6 +222,13 @@ def test_update_kernel_tracks_the_maximum_and_gives_new_items_it(kernel_device):
     assert running.item() == 4.0
 
 
+def test_error_bits_agree_between_kernels_and_op():
+    from gpubuf.ops.sumtree import ERROR_BITS
+    from gpubuf_kernels.sumtree import ERROR_BITS as KERNEL_BITS
+
+    assert ERROR_BITS == KERNEL_BITS
+
+
 def test_update_kernel_skips_and_records_bad_entries(kernel_device):
     """Bad priorities and indices given on the device are never written; the others are, the tree
     stays consistent, and the check raises the typed error once."""
