@@ -66,7 +66,7 @@ def load_frames(path: Path) -> dict[str, np.ndarray]:
 def make_transitions(frames: dict[str, np.ndarray], rows: int | None):
     from tensordict import TensorDict
 
-    from gpubuf.codec.framestack import transition_indices
+    from gpubuf.ops.match_frames import transition_indices
 
     obs_i, next_i = transition_indices(frames["episode_start"])
     if rows is not None:

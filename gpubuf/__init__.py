@@ -5,6 +5,7 @@ by a CUDA tensor.
 """
 
 from gpubuf import errors
+from gpubuf._version import __version__
 from gpubuf.buffers import (
     PrioritizedReplayBuffer,
     ReplayBuffer,
@@ -54,7 +55,6 @@ from gpubuf.writers import (
     WriterEnsemble,
 )
 
-__version__ = "0.1.0"
 
 __all__ = [
     "errors",

@@ -16,7 +16,7 @@ with the usual preprocessing of Atari agents (Mnih et al. 2015; gymnasium's
 
 The output holds frames, not stacks: an episode of ``T`` agent steps gives ``T + 1`` frames (the
 reset frame, then one per step). Stacks of 4 are built from them by consumers, with
-:func:`gpubuf.codec.stack_indices`, repeating an episode's first frame as frame-stacking
+:func:`gpubuf.ops.match_frames.stack_indices`, repeating an episode's first frame as frame-stacking
 environment wrappers do. Arrays in the file:
 
 - ``frames``: uint8 ``[N, 84, 84]``, episodes one after another, games one after another;

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The checks that need a GPU, in a few long calls: the suite on CUDA, the harness against TorchRL,
-# the compressed storages' decode, and the gather's bandwidth beside the copy bandwidth.
+# the compressed storages' decode, the gather's bandwidth beside the copy bandwidth, the launches
+# and host syncs per operation, the CUDA graph tests, and the ahead-of-time compile table.
 #
 # Runs from the repository root of a copy of the checkout on a GPU machine whose python3 already
 # has torch and triton (and numba, pytest, pytest-benchmark, matplotlib) but no package index.
@@ -14,23 +15,27 @@
 #     bench    gpubuf bench --full on CUDA: extend, sample, cycle, draw, update, with TorchRL beside it
 #     codec    benchmarks/bench_compressed.py on CUDA, with the decode rate of the Triton kernel
 #     gather   the gather's GB/s next to the same run's device-to-device copy bandwidth
+#     counts   launches and host syncs of sample, extend and the prioritized cycle (B = 256, 65536)
+#     graph    the CUDA graph tests (capture a fixed-size sample, replay it)
+#     aot      every kernel specialisation compiled for sm_80 and sm_90: registers, spills, occupancy
 #
-# Everything lands in $OUT (or ./gpu-out): one folder per stage, with its log. Copy the JSON files
-# under benchmarks/results/h200/. The device tool brings back at most 8 files a call: give a call
-# at most three stages (each also fits its 10 minutes).
+# Everything lands in $OUT (or ./gpu-out): one folder per stage, with its log, and environment.json
+# (GPU name, versions, git sha). Copy the JSON files under benchmarks/results/<gpu>/ (h100, h200).
+# The device tool brings back at most 8 files a call: give a call at most three stages (each also
+# fits its 10 minutes).
 #
 # For a dry run elsewhere: GPUBUF_SUITE_DEVICE=cpu, and GPUBUF_BENCH_ARGS to replace "--full"
 # (e.g. "--quick --rows 20000 --ops sample:256").
 set -euo pipefail
 
 if [ "$#" -eq 0 ]; then
-  sed -n '2,22p' "$0"
+  sed -n '2,27p' "$0"
   exit 2
 fi
 for stage in "$@"; do
   case $stage in
-    tests | bench | codec | gather) ;;
-    *) echo "unknown stage '$stage': expected tests, bench, codec or gather" >&2; exit 2 ;;
+    tests | bench | codec | gather | counts | graph | aot) ;;
+    *) echo "unknown stage '$stage': expected tests, bench, codec, gather, counts, graph or aot" >&2; exit 2 ;;
   esac
 done
 
@@ -73,6 +78,21 @@ for stage in "$@"; do
       ;;
     gather)
       python3 -m gpubuf.tools.bench_gather --device "$device" --json "$dir/gather.json" 2>&1 | tee "$dir/log.txt" || status=1
+      ;;
+    counts)
+      # (On a CPU dry run the device path goes through the interpreter: keep it small.)
+      if [ "$device" = cpu ]; then
+        TRITON_INTERPRET=1 python3 -m gpubuf.tools.counts --device cpu --backend triton --rows 2000 --batch 256 \
+          --json "$dir/counts.json" 2>&1 | tee "$dir/log.txt" || status=1
+      else
+        python3 -m gpubuf.tools.counts --device "$device" --json "$dir/counts.json" 2>&1 | tee "$dir/log.txt" || status=1
+      fi
+      ;;
+    graph)
+      python3 -m pytest -q -p no:cacheprovider -rfs tests/host/test_cuda_graphs.py 2>&1 | tee "$dir/log.txt" || status=1
+      ;;
+    aot)
+      env -u TRITON_INTERPRET python3 -m gpubuf.tools.aot --out "$dir" 2>&1 | tee "$dir/log.txt" || status=1
       ;;
   esac
 done

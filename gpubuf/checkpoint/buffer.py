@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-import gpubuf
-from gpubuf.checkpoint import atomic
+from gpubuf._version import __version__
+from gpubuf.checkpoint import atomic, torchrl_import
 from gpubuf.checkpoint.arrays import ArraySet, parse_tables, read_arrays
 from gpubuf.checkpoint.base import storage_codec
 from gpubuf.checkpoint.codecs import Codec, Context, H5Array, LiveFile, codec_for
@@ -29,6 +29,7 @@ from gpubuf.checkpoint.errors import (
     CheckpointCorruptError,
     CheckpointError,
     CheckpointMismatchError,
+    CheckpointVersionError,
     CheckpointWarning,
     NotACheckpointError,
     UnserializableDataError,
@@ -134,7 +135,7 @@ def _dump(final: Path, components: dict, context: Context, buffer: Any) -> None:
         "format": FORMAT_NAME,
         "version": FORMAT_VERSION,
         "byteorder": "little",
-        "created_by": f"gpubuf {gpubuf.__version__}",
+        "created_by": f"gpubuf {__version__}",
         "kind": "buffer" if buffer is not None else "storage",
         "buffer": buffer_meta,
         "components": meta_components,
@@ -342,7 +343,6 @@ def _read(final: Path, buffer: Any) -> tuple[dict, dict, Context]:
         raise NotACheckpointError(f"{final} is not a directory" if final.exists() else f"{final} does not exist")
     context = Context(buffer=buffer, target=final)
     if not (final / META_FILE).exists() and not (final / META_FILE).is_symlink():
-        from gpubuf.checkpoint import torchrl_import
 
         if torchrl_import.is_torchrl_checkpoint(final):
             meta, arrays = torchrl_import.read_torchrl_checkpoint(final, buffer)
@@ -373,7 +373,6 @@ def _prepare(slot: str, components: dict, arrays: dict, target: tuple, context: 
             f"{type(component).__qualname__} (codec {codec.name!r}): build the buffer with the same components"
         )
     if version > codec.version:
-        from gpubuf.checkpoint.errors import CheckpointVersionError
 
         raise CheckpointVersionError(f"{where}: codec {name!r} version {version} is newer than this gpubuf's ({codec.version})")
     prefix = slot + "/"

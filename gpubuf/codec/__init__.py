@@ -1,24 +1,13 @@
-"""Row codec of the compressed storages: format, encoder, checksums, arena store, frame stacks.
+"""The compressed-row format shared by the encode and decode ops: layout, checksums, errors.
 
-See :mod:`gpubuf.codec.format` for the byte format. The decode op (torch twin and dispatch) is
-:mod:`gpubuf.ops.decode_rows`; its Triton kernels are in ``gpubuf_kernels.codec``.
+See :mod:`gpubuf.codec.format` for the byte format. The ops that write and read it are
+:mod:`gpubuf.ops.encode_rows`, :mod:`gpubuf.ops.match_frames` (frame-stack dedup) and
+:mod:`gpubuf.ops.decode_rows`; the encoded rows' arena is :mod:`gpubuf.storages._row_store`.
+This package imports nothing of gpubuf but its errors, so every layer above may use it.
 """
 
 from gpubuf.codec.checksum import adler32_ranges
-from gpubuf.codec.encoder import EncodedBatch, encode_planes
 from gpubuf.codec.errors import CorruptRowError
 from gpubuf.codec.format import RowGeometry
-from gpubuf.codec.framestack import match_frames, stack_indices, transition_indices
-from gpubuf.codec.store import RowStore
 
-__all__ = [
-    "CorruptRowError",
-    "RowGeometry",
-    "EncodedBatch",
-    "encode_planes",
-    "adler32_ranges",
-    "RowStore",
-    "stack_indices",
-    "transition_indices",
-    "match_frames",
-]
+__all__ = ["CorruptRowError", "RowGeometry", "adler32_ranges"]

@@ -398,10 +398,25 @@ def decode_rows(
             raise IndexOutOfRangeError(f"row index {bad} is out of range for {n_rows} stored rows")
     which = resolve("decode_rows", table.arena, backend)
     if which == "triton":
-        return implementation("decode_rows", "triton")(table, index, out, verify=verify)
+        return _decode_triton(table, index, out, verify)
     if which == "numba":
         return _decode_numba(table, index, out, verify)
     return decode_rows_ref(table, index, out, verify=verify)
+
+
+def _decode_triton(table: RowTable, index: torch.Tensor, out: torch.Tensor | None, verify: bool) -> torch.Tensor:
+    """The Triton decode; with ``verify``, reads the rows' status back (one synchronisation) and
+    raises the twin's error for failed rows. Without it nothing synchronises and a failed row
+    leaves unspecified bytes in its output row."""
+    if out is None:
+        out = empty_output(index.shape[0], table.geometry, table.arena.device)
+    status = implementation("decode_rows", "triton")(table, index, out, verify=verify)
+    if verify and status.numel():
+        failed = status != 0
+        if bool(failed.any()):
+            bad = failed.nonzero().squeeze(1)
+            raise CorruptRowError(_describe(bad.tolist(), status.index_select(0, bad).tolist(), "row(s)"), rows=bad.tolist())
+    return out
 
 
 # -------------------------------------------------------------------- compiled CPU kernel

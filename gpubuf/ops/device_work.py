@@ -9,8 +9,11 @@ where the host waits for the device, not by bytes. This module counts both:
   sees every aten op; those that touch a tensor on the counted device count, except ops that
   launch nothing (views, ``empty``, ``detach``, scalar reads, which are counted as syncs).
 - **Host syncs**: ``aten._local_scalar_dense`` (``.item()``, ``bool()``, ``int()``, ``float()``
-  of a device tensor), a blocking copy from the device to the host, and ``.tolist()`` /
-  ``.numpy()`` of a device tensor (which torch serves without an aten op).
+  of a device tensor), a blocking copy from the device to the host, ``.tolist()`` /
+  ``.numpy()`` of a device tensor (which torch serves without an aten op), and ops whose output
+  size depends on the data (``nonzero``, boolean-mask indexing, ``unique``, ``masked_select``,
+  ``repeat_interleave`` without ``output_size``): CUDA reads that size back on the host. These
+  also count as launches.
 - **Host-to-device copies** (``c.host_to_device``), counted apart: each is a launch too, and a
   pageable one blocks the host until the copy is staged.
 
@@ -65,6 +68,17 @@ _NO_LAUNCH = {
     _aten.sym_storage_offset.default,
 }
 _COPIES = {_aten._to_copy.default, _aten.copy_.default, _aten.copy.default}
+# Ops whose output size depends on the data: on CUDA the host reads that size back before it
+# can return (a sync with no ``_local_scalar_dense`` of its own). Boolean-mask indexing and a
+# ``repeat_interleave`` without ``output_size`` are found by their arguments.
+_SIZE_SYNCS = {
+    _aten.nonzero.default,
+    _aten.masked_select.default,
+    _aten._unique.default,
+    _aten._unique2.default,
+    _aten.unique_consecutive.default,
+    _aten.unique_dim.default,
+}
 
 
 @dataclass
@@ -127,7 +141,9 @@ class _Counting(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if not _launch.launching():  # (the interpreter's own copies around a Triton launch)
+        # Skipped: the interpreter's own copies around a Triton launch, and the copy a counted
+        # ``.tolist()`` makes of a CUDA tensor (one sync, counted once).
+        if not (_launch.launching() or getattr(_reading, "depth", 0)):
             self._classify(func, args, kwargs, out)
         return out
 
@@ -140,12 +156,12 @@ class _Counting(TorchDispatchMode):
             return
         if func.is_view or func in _NO_LAUNCH:
             return
+        if _sizes_from_data(func, args, kwargs) and _on(args, kind):
+            work._sync(f"{func.__name__} (output size read on the host)")
         if func in _COPIES and kind != "cpu":
             src, dst = _copy_ends(func, args, out)
-            if src == kind and dst == "cpu":
-                if not kwargs.get("non_blocking", False):
-                    work._sync(f"{func.__name__} (blocking copy to the host)")
-                return
+            if src == kind and dst == "cpu" and not _non_blocking(func, args, kwargs):
+                work._sync(f"{func.__name__} (blocking copy to the host)")
             if src == "cpu" and dst == kind:
                 work.host_to_device += 1
         if _on(args, kind) or _on(kwargs, kind) or _on(out, kind):
@@ -153,8 +169,25 @@ class _Counting(TorchDispatchMode):
             work.kernels[f"aten:{func.__name__}"] += 1
 
 
+def _sizes_from_data(func: Any, args: tuple, kwargs: dict) -> bool:
+    if func in _SIZE_SYNCS:
+        return True
+    if func is _aten.index.Tensor:
+        return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1])
+    if func is _aten.repeat_interleave.Tensor:
+        return kwargs.get("output_size") is None
+    return False
+
+
 def _on(tree: Any, kind: str) -> bool:
     return any(isinstance(x, torch.Tensor) and x.device.type == kind for x in tree_iter(tree))
+
+
+def _non_blocking(func: Any, args: tuple, kwargs: dict) -> bool:
+    """The ``non_blocking`` flag of a copy op (positional for ``copy_``, keyword for ``_to_copy``)."""
+    if "non_blocking" in kwargs:
+        return bool(kwargs["non_blocking"])
+    return bool(args[2]) if func is _aten.copy_.default and len(args) > 2 else False
 
 
 def _copy_ends(func: Any, args: tuple, out: Any) -> tuple[str | None, str | None]:
@@ -169,6 +202,7 @@ def _copy_ends(func: Any, args: tuple, out: Any) -> tuple[str | None, str | None
 _active: list[DeviceWork] = []
 _wrap_lock = threading.Lock()
 _originals: dict[str, Any] = {}
+_reading = threading.local()
 
 
 def _reader(name: str, original: Any) -> Any:
@@ -176,7 +210,11 @@ def _reader(name: str, original: Any) -> Any:
         for work in tuple(_active):
             if self.device.type == work.device_type and not _launch.launching():
                 work._sync(f"Tensor.{name}")
-        return original(self, *args, **kwargs)
+        _reading.depth = getattr(_reading, "depth", 0) + 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _reading.depth -= 1
 
     read.__name__ = name
     read.__doc__ = original.__doc__
@@ -198,7 +236,11 @@ def _unwrap_readers() -> None:
 
 @contextlib.contextmanager
 def count_device_work(device: str | torch.device | None = None) -> Iterator[DeviceWork]:
-    """Counts the launches and host syncs of the block it wraps, in this thread.
+    """Counts the launches and host syncs of the block it wraps.
+
+    Torch ops are those of this thread (a dispatch mode is per thread); Triton launches and
+    ``.tolist()`` / ``.numpy()`` reads are those of every thread while the block runs (a
+    prefetching buffer's workers included).
 
     Args:
         device: the device type whose work counts: ``"cuda"`` or ``"cpu"`` (the device path on

@@ -21,9 +21,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from gpubuf.codec.encoder import encode_planes
+from gpubuf.ops.encode_rows import encode_planes
 from gpubuf.codec.format import RowGeometry
-from gpubuf.codec.store import RowStore
+from gpubuf.storages._row_store import RowStore
 from gpubuf.errors import (
     DeviceMismatchError,
     EmptyBufferError,
@@ -46,7 +46,7 @@ def _norm_key(key: Any) -> tuple:
 
 def encode_rows(rows: torch.Tensor, geometry: RowGeometry, **kwargs):
     """Encodes ``[n, *shape]`` rows in chunks of a few MiB; returns one :class:`EncodedBatch`."""
-    from gpubuf.codec.encoder import EncodedBatch
+    from gpubuf.ops.encode_rows import EncodedBatch
 
     n = rows.shape[0]
     chunk = max(1, _ENCODE_CHUNK_BYTES // max(geometry.raw_bytes, 1))
@@ -449,7 +449,7 @@ class CompressedTensorStorage(EncodedStorageBase):
 
     def _read_encoded(self, index: torch.Tensor) -> list[torch.Tensor]:
         return [
-            decode_rows(store.table(), index, verify=self.verify, check_bounds=False) for store in self._stores
+            decode_rows(store.table(), index, verify=self.verify, check_bounds=False, backend=self._backend) for store in self._stores
         ]
 
     def _empty_encoded(self) -> None:

@@ -5,7 +5,7 @@ frame appears up to eight times. This storage keeps each distinct frame once, co
 :mod:`gpubuf.codec.format`), and each stacked row as references to its frames; sampling decodes
 the referenced frames straight into the stacked output in one fused op.
 
-**Which frames are shared** is decided by comparing bytes (:func:`gpubuf.codec.framestack.match_frames`):
+**Which frames are shared** is decided by comparing bytes (:func:`gpubuf.ops.match_frames.match_frames`):
 a slot of a new row reuses a stored frame only when its bytes are identical to it, so the result
 is exact whatever the episode structure (episode starts that repeat their first frame, resets,
 truncations) and whatever the data. Candidates are the previous row (the last one written before,
@@ -27,12 +27,12 @@ from typing import Any, Sequence
 
 import torch
 
-from gpubuf.codec.encoder import encode_planes_at
+from gpubuf.ops.encode_rows import encode_planes_at
 from gpubuf.codec.format import RowGeometry
-from gpubuf.codec.framestack import match_frames
-from gpubuf.codec.store import RowStore
+from gpubuf.ops.match_frames import match_frames
+from gpubuf.storages._row_store import RowStore
 from gpubuf.errors import SchemaMismatchError
-from gpubuf.ops._dispatch import kernel_module, resolve_backend
+from gpubuf.ops._dispatch import kernel_module, resolve
 from gpubuf.ops.decode_rows import decode_rows, empty_output
 from gpubuf.storages._layout import Layout
 from gpubuf.storages.codec_storage import EncodedStorageBase, _norm_key, encode_rows, load_store_state, store_state
@@ -217,7 +217,7 @@ class FrameStackStorage(EncodedStorageBase):
             tail = self._tail
 
         tail_frames = None if tail is None else [tail[2][j] for j in range(J)]
-        if resolve_backend(stacks[0], "auto", has_cpu_kernel=True) == "numba" and self._frame_geometry.itemsize == 1:
+        if resolve("match_frames", stacks[0], "auto") == "numba" and self._frame_geometry.itemsize == 1:
             fid = self._write_compiled(stacks, tail_frames, None if tail is None else tail[1])
         else:
             fid = self._write_steps(stacks, tail_frames, None if tail is None else tail[1])
@@ -279,7 +279,7 @@ class FrameStackStorage(EncodedStorageBase):
         J, S, FB = len(stacks), self._stack, self._frame_bytes
         device = stacks[0].device
         # The compiled matcher reads the frames in place; only the torch steps need the scratch copy.
-        backend = "numba" if resolve_backend(stacks[0], "auto", has_cpu_kernel=True) == "numba" else "torch"
+        backend = "numba" if resolve("match_frames", stacks[0], "auto") == "numba" else "torch"
         buffers = None
         if backend == "torch":
             need = (n + 1) * S * FB
@@ -370,7 +370,7 @@ class FrameStackStorage(EncodedStorageBase):
         ids = self._refs.index_select(1, index).reshape(-1)  # [J * B * S]
         g = self._frame_geometry
         out = empty_output(J * B * S, g, index.device)
-        decode_rows(self._frames.table(), ids, out, verify=self.verify, check_bounds=False)
+        decode_rows(self._frames.table(), ids, out, verify=self.verify, check_bounds=False, backend=self._backend)
         out = out.view(J, B, S, *g.shape)
         return [out[j] for j in range(J)]
 

@@ -327,7 +327,7 @@ class SpillStorage(Storage):
         d = self._device_rows
         cold = self._cold
         if cold is None or not cold.initialized or self._len <= d:
-            gathered = gather_rows_trusted([self._hot[i] for i in keep], index)
+            gathered = gather_rows_trusted([self._hot[i] for i in keep], index, backend=self._backend)
         else:
             outs = [
                 torch.empty((index.numel(), *layout.leaves[i].shape), dtype=layout.leaves[i].dtype, device=self.device)
@@ -337,7 +337,8 @@ class SpillStorage(Storage):
             hot_pos = (~spilled).nonzero().squeeze(-1)
             cold_pos = spilled.nonzero().squeeze(-1)
             if hot_pos.numel():
-                for out, rows in zip(outs, gather_rows_trusted([self._hot[i] for i in keep], index[hot_pos])):
+                hot = gather_rows_trusted([self._hot[i] for i in keep], index[hot_pos], backend=self._backend)
+                for out, rows in zip(outs, hot):
                     out.index_copy_(0, hot_pos, rows)
             if cold_pos.numel():
                 cold_rows = (index[cold_pos] - d).cpu()

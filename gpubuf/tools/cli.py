@@ -12,7 +12,7 @@ import importlib
 from typing import Sequence
 
 #: Modules providing ``register(subparsers)``, in the order they appear in ``gpubuf --help``.
-SUBCOMMANDS: tuple[str, ...] = ("gpubuf.tools.bench.command", "gpubuf.tools.profile")
+SUBCOMMANDS: tuple[str, ...] = ("gpubuf.tools.bench.command", "gpubuf.tools.profile", "gpubuf.tools.aot")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -28,6 +28,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from gpubuf.ops.device_work import DeviceWork, count_device_work
+
 __all__ = [
     "OpRow",
     "ProfileConfig",
@@ -255,6 +257,8 @@ class ProfileResult:
             spent outside any torch op (Python, TensorDict, dispatch), profiler included.
         ops: the table's rows, heaviest first.
         trace_path: the chrome trace, or None when not written.
+        work: launches and host syncs of one call (:func:`gpubuf.ops.device_work.count_device_work`
+            on the workload's device; on a CPU every aten op counts as a launch).
     """
 
     config: ProfileConfig
@@ -266,6 +270,7 @@ class ProfileResult:
     range_self_s: float
     ops: list[OpRow] = field(default_factory=list)
     trace_path: Path | None = None
+    work: DeviceWork | None = None
 
 
 def _sync(device: torch.device) -> None:
@@ -317,6 +322,9 @@ def profile_workload(config: ProfileConfig) -> ProfileResult:
         step()
     _sync(device)
     wall = (time.perf_counter() - start) / config.steps
+    with count_device_work(device) as work:
+        step()
+    _sync(device)
 
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
@@ -347,6 +355,7 @@ def profile_workload(config: ProfileConfig) -> ProfileResult:
         range_self_s=range_us / 1e6,
         ops=ops,
         trace_path=trace_path,
+        work=work,
     )
 
 
@@ -412,6 +421,12 @@ def format_table(result: ProfileResult, top: int | None = None) -> str:
         f"{result.profiled_host_overhead_s * 1e6:.1f} us, of which {result.range_self_s * 1e6:.1f} us "
         "outside torch ops",
     ]
+    if result.work is not None:
+        work = result.work
+        lines.append(
+            f"device work per call     {work.launches:12d} launches ({work.triton_launches} Triton, "
+            f"{work.torch_ops} torch ops), {work.host_syncs} host syncs"
+        )
     if result.trace_path is not None:
         lines.append(f"chrome trace             {result.trace_path}")
     return "\n".join(lines)

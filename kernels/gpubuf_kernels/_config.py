@@ -10,12 +10,12 @@ from __future__ import annotations
 __all__ = ["GATHER_ROWS", "SUMTREE"]
 
 # Row gather (gather.py). A program copies BLOCK_ROWS output rows of its sources; each width
-# class has its own tile (gather.py's docstring), at most 4 units or 4 16-byte vectors per thread
-# with num_warps=4 and BLOCK_ROWS=64. TARGET_PROGRAMS is how many programs a launch aims for
+# class has its own tile (gather.py's docstring), at most 2 units or 2 16-byte vectors per thread
+# with num_warps=4 and BLOCK_ROWS=32 (registers grow with BLOCK_ROWS: 64 takes 128 on sm_90). TARGET_PROGRAMS is how many programs a launch aims for
 # (about 8 per SM of an H100/H200): below it, sources and column steps are spread over more
 # programs. BLOCK_ROWS must be a power of two; the tests size batches around it, keep it small.
 GATHER_ROWS = {
-    "BLOCK_ROWS": 64,
+    "BLOCK_ROWS": 32,
     "TARGET_PROGRAMS": 1024,
     "num_warps": 4,
 }
@@ -25,14 +25,14 @@ GATHER_ROWS = {
 # Sum tree (sumtree.py). The update's programs handle BLOCK entries each (the write and refresh
 # kernels hold a [BLOCK, FANOUT] tile of children: 64 x 32 x 8 bytes = 16 KiB at num_warps=4); the
 # sample's SAMPLE_BLOCK masses each. Levels of at most TOP_WHOLE nodes are rebuilt whole by the
-# update's last program, NODE_BLOCK nodes at a time (32 keeps the write kernel under 100 registers
-# on sm_90, no spills): with 2048, trees of up to 2**26 leaves update
+# update's last program, NODE_BLOCK nodes at a time (16 keeps the write kernel under 90 registers
+# on sm_90, no spills and no stack): with 2048, trees of up to 2**26 leaves update
 # in at most 3 launches. All must be powers of two; the tests size batches around them through the
 # launchers' `block=`.
 SUMTREE = {
     "BLOCK": 64,
     "SAMPLE_BLOCK": 64,
     "TOP_WHOLE": 2048,
-    "NODE_BLOCK": 32,
+    "NODE_BLOCK": 16,
     "num_warps": 4,
 }

@@ -40,7 +40,7 @@ import triton.language as tl
 
 from gpubuf_kernels._launch import launch
 
-__all__ = ["decode_rows_triton", "DECODE_ROWS"]
+__all__ = ["decode_rows_triton", "DECODE_ROWS", "SPECIALIZATIONS"]
 
 # Default launch configuration (to be tuned on an H200 with benchmarks/bench_compressed.py).
 # LINE_BLOCK: lines per step of the line-table program. LINES: output lines per decode
@@ -306,46 +306,68 @@ def _decode_lines_kernel(
 def _interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
+#: What the launcher compiles (the AOT compile check reads this): the line table with and
+#: without reference rows and verification, and the decode.
+SPECIALIZATIONS = [
+    {
+        "kernel": "_line_table_kernel",
+        "label": f"refs={has_refs},verify={verify}",
+        "signature": {"arena_ptr": "*u8", "offsets_ptr": "*i64", "lengths_ptr": "*i32", "checksums_ptr": "*i32",
+                      "refs_ptr": "*i32", "tab_ptr": "*i64", "gid_ptr": "*i32", "entry_ptr": "*i64",
+                      "status_ptr": "*i32", "arena_size": "i64", "batch": "i32", "n_lines": "i32", "height": "i32",
+                      "width": "i32", "image_planes": "i32", "mode_bytes": "i32", "raw_bytes": "i32"},
+        "constexprs": {"HAS_REFS": has_refs, "VERIFY": verify, "LINE_BLOCK": DECODE_ROWS["LINE_BLOCK"],
+                       "CHECK_BLOCK": DECODE_ROWS["CHECK_BLOCK"]},
+        "num_warps": DECODE_ROWS["num_warps"],
+    }
+    for has_refs in (False, True)
+    for verify in (False, True)
+] + [
+    {
+        "kernel": "_decode_lines_kernel",
+        "signature": {"arena_ptr": "*u8", "gid_ptr": "*i32", "entry_ptr": "*i64", "has_key_ptr": "*i8",
+                      "out_ptr": "*u8", "runs_bad_ptr": "*i32", "arena_size": "i64", "batch": "i32",
+                      "n_lines": "i32", "height": "i32", "width": "i32", "image_planes": "i32", "itemsize": "i32",
+                      "row_bytes": "i32", "n_chunks": "i32"},
+        "constexprs": {"LINES": DECODE_ROWS["LINES"], "X_BLOCK": DECODE_ROWS["X_BLOCK"],
+                       "RUN_BLOCK": DECODE_ROWS["RUN_BLOCK"]},
+        "num_warps": DECODE_ROWS["num_warps"],
+    }
+]
 
-def decode_rows_triton(table, index: torch.Tensor, out: torch.Tensor | None = None, *, verify: bool = True) -> torch.Tensor:
-    """Decodes rows ``index`` of ``table`` with two Triton launches.
 
-    Semantics are those of :func:`gpubuf.ops.decode_rows.decode_rows_ref`, bit for bit, with one
-    difference: the verdict is taken after the decode, so when a row fails, a given ``out`` may
-    already hold bytes (the error is raised all the same, and no out-of-bounds access happens).
-    With ``verify=False`` nothing is checked on the host and nothing synchronises: the checksum
-    is skipped and a row that fails a structural check leaves unspecified bytes in its output
-    row instead of raising.
+def decode_rows_triton(table, index: torch.Tensor, out: torch.Tensor, *, verify: bool = True) -> torch.Tensor:
+    """Decodes rows ``index`` of ``table`` into ``out`` with two Triton launches; returns each row's status.
+
+    Semantics are those of ``gpubuf.ops.decode_rows.decode_rows_ref``, bit for bit, except that
+    nothing is raised here: this package never imports gpubuf. Each row's verdict comes back as
+    status bits (0: the row is good; the bits are those of the twin's reasons) and the host
+    raises the typed error. The verdict is taken after the decode, so a failed row leaves
+    unspecified bytes in its output row (never an out-of-bounds access). Nothing synchronises.
 
     Args:
-        table: a :class:`~gpubuf.ops.decode_rows.RowTable` on CUDA (or CPU under
-            ``TRITON_INTERPRET=1``); only read.
+        table: a ``RowTable`` on CUDA (or CPU under ``TRITON_INTERPRET=1``); only read.
         index: int64/int32 ``[B]`` rows in range (not checked here).
-        out: optional contiguous ``[B, *shape]`` output of the geometry's dtype; overwritten.
-        verify: check checksums and raise on any failure.
+        out: contiguous ``[B, *shape]`` output of the geometry's dtype, on the table's device;
+            overwritten.
+        verify: check the rows' checksums too (without it only structural checks report).
 
     Returns:
-        ``[B, *shape]`` decoded rows (``out`` when given).
+        int32 ``[B]`` status bits per row, on the table's device (all zero when every row is good).
 
     Raises:
-        ValueError: a table or index on an unsupported device, or mixed devices.
-        CorruptRowError: with ``verify``, a needed row failed.
+        ValueError: a table, index or output on an unsupported device, or mixed devices.
     """
-    from gpubuf.codec.errors import CorruptRowError
-    from gpubuf.ops.decode_rows import _describe, empty_output
-
     g = table.geometry
     device = table.arena.device
     if device.type != "cuda" and not (device.type == "cpu" and _interpreter_enabled()):
         raise ValueError(f"decode_rows_triton runs on CUDA tensors (or CPU with TRITON_INTERPRET=1), got {device}")
-    for t in (table.offsets, table.lengths, table.checksums, index) + ((table.refs,) if table.refs is not None else ()):
+    for t in (table.offsets, table.lengths, table.checksums, index, out) + ((table.refs,) if table.refs is not None else ()):
         if t.device != device:
             raise ValueError(f"all tensors must be on {device}, got one on {t.device}")
     B = index.shape[0]
-    if out is None:
-        out = empty_output(B, g, device)
     if B == 0 or g.raw_bytes == 0:
-        return out
+        return torch.zeros(B, dtype=torch.int32, device=device)
     L = g.lines
     rows = index.to(torch.int64).contiguous()
     n_rows = table.offsets.shape[0]
@@ -382,11 +404,4 @@ def decode_rows_triton(table, index: torch.Tensor, out: torch.Tensor | None = No
             table.arena.numel(), B, L, g.height, g.width, g.image_planes, g.itemsize, g.raw_bytes, n_chunks,
             LINES=cfg["LINES"], X_BLOCK=cfg["X_BLOCK"], RUN_BLOCK=cfg["RUN_BLOCK"], num_warps=cfg["num_warps"],
         )
-    if verify:
-        row_status = status[:B] | torch.where(has_key.bool(), status[B:], 0) | torch.where(runs_bad.any(1), 16, 0).to(torch.int32)
-        if bool((row_status != 0).any()):
-            bad = (row_status != 0).nonzero().squeeze(1)
-            raise CorruptRowError(
-                _describe(bad.tolist(), row_status.index_select(0, bad).tolist(), "row(s)"), rows=bad.tolist()
-            )
-    return out
+    return status[:B] | torch.where(has_key.bool(), status[B:], 0) | torch.where(runs_bad.any(1), 16, 0).to(torch.int32)

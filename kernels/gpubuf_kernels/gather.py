@@ -28,10 +28,11 @@ kind  rows of                         tile per program (rows x units)
 5-8   one 8, 4, 2 or 1-byte unit      BLOCK_ROWS (one access a row: ``done``, ``reward``)
 ====  ==============================  ==========================================
 
-A one-byte ``done`` flag thus costs one masked load and store per row, not a 1 KiB-wide tile of
-mostly masked lanes, and no branch holds more than 4 units (or 4 16-byte vectors) per thread, so
-the register count that one kernel allocates for all branches stays low. 16-byte units are int64
-pairs with alignment hints, which give 128-bit loads and stores (``ld.global.v2.b64``).
+A one-byte ``done`` flag thus costs one masked load and store per row, not a wide tile of mostly
+masked lanes, and with ``BLOCK_ROWS = 32`` and 4 warps no branch holds more than two units (or
+two 16-byte vectors) per thread, so the registers that one kernel allocates for all its branches
+stay few (72 on sm_90, 80 on sm_80: ``benchmarks/results/aot/``). 16-byte units are int64 pairs
+with alignment hints, which give 128-bit loads and stores (``ld.global.v2.b64``).
 
 The grid is ``(row blocks, source groups, column splits)``. A program reads the index of its
 ``BLOCK_ROWS`` output rows once, then copies those rows of every ``n_groups``-th source; at small
@@ -67,14 +68,18 @@ _SRC_STRIDE: tl.constexpr = tl.constexpr(4)
 _KIND: tl.constexpr = tl.constexpr(5)
 _TABLE_COLS: tl.constexpr = tl.constexpr(8)
 
-# Units per row per step of the wide tiles (a power of two). 8 int64 pairs = 128 bytes.
+# Units per row per step of the wide tiles (a power of two); the 16-byte tile takes twice as many
+# int64 words, so 8 pairs = 128 bytes.
 _WIDE_COLS: tl.constexpr = tl.constexpr(8)
 
 #: Each field of a launcher-allocated output buffer starts at a multiple of this many bytes.
 OUT_ALIGN = 16
 
-#: kind of a source whose rows are ``row_units`` units of ``unit`` bytes.
+
+
 def _kind(unit: int, row_units: int) -> int:
+    """The width class (``kind`` column, see the module docstring) of rows of ``row_units`` units
+    of ``unit`` bytes; ``row_units`` counts int64 words for 16-byte units."""
     if unit == 16:
         return 0
     wide = {8: 1, 4: 2, 2: 3, 1: 4}[unit]
@@ -194,6 +199,7 @@ def _gather_rows_kernel(
 SPECIALIZATIONS = [
     {
         "kernel": "_gather_rows_kernel",
+        "label": f"index={index}",
         "signature": {"table_ptr": "*i64", "index_ptr": f"*{index}", "out_base": "i64", "n_rows": "i64",
                       "batch": "i32", "n_sources": "i32"},
         "constexprs": {"BLOCK_ROWS": GATHER_ROWS["BLOCK_ROWS"]},

@@ -11,8 +11,13 @@ to ``out_s + offsets[b] * token_bytes_s``: no per-token index is ever materialis
 Sources of different dtypes and trailing shapes share the launch through an int64 pointer table
 on the device, one row per source::
 
-    table[s] = [src_addr, out_addr, token_units, unit_bytes, 0, 0, 0, 0]
+    table[s] = [src_addr, out_off, out_per_total, token_units, unit_bytes, 0, 0, 0]
 
+The output of source ``s`` starts at ``out_base + out_off + total * out_per_total`` bytes
+(``out_base`` and ``total`` are kernel arguments). Outputs the launcher allocates are views of one
+buffer, field after field at 16-byte boundaries, so the table depends on the sources alone and is
+copied to the device once per layout (:mod:`gpubuf_kernels._tables`, never blocking the host);
+given outputs go in by address (``out_base = 0``, ``out_per_total = 0``).
 ``token_units`` is the size of one token of the source in units of ``unit_bytes`` (16, 8, 4, 2
 or 1 bytes: the widest that divides the token size and both addresses; 16-byte units move as
 int64 pairs with alignment hints, which gives 128-bit accesses).
@@ -33,8 +38,9 @@ import triton
 import triton.language as tl
 
 from gpubuf_kernels._launch import check_launch_device, device_guard, launch, unit_bytes
+from gpubuf_kernels._tables import device_table
 
-__all__ = ["gather_packed_triton", "GATHER_PACKED"]
+__all__ = ["gather_packed_triton", "GATHER_PACKED", "SPECIALIZATIONS", "OUT_ALIGN"]
 
 # Default launch configuration. BLOCK_BYTES bytes per program per loop step (a power of two >= 16):
 # 4 KiB is 128 threads x 2 accesses of 16 bytes with num_warps=4, and an average token row of
@@ -42,9 +48,13 @@ __all__ = ["gather_packed_triton", "GATHER_PACKED"]
 GATHER_PACKED = {"BLOCK_BYTES": 4096, "num_warps": 4}
 
 _SRC_ADDR: tl.constexpr = tl.constexpr(0)
-_OUT_ADDR: tl.constexpr = tl.constexpr(1)
-_TOKEN_UNITS: tl.constexpr = tl.constexpr(2)
-_UNIT_BYTES: tl.constexpr = tl.constexpr(3)
+_OUT_OFF: tl.constexpr = tl.constexpr(1)
+_OUT_PER_TOTAL: tl.constexpr = tl.constexpr(2)
+_TOKEN_UNITS: tl.constexpr = tl.constexpr(3)
+_UNIT_BYTES: tl.constexpr = tl.constexpr(4)
+
+#: Each field of a launcher-allocated output buffer starts at a multiple of this many bytes.
+OUT_ALIGN = 16
 _TABLE_COLS: tl.constexpr = tl.constexpr(8)
 
 _MAX_AXIS = 65535
@@ -54,6 +64,8 @@ _MAX_ROWS = 2**31 - 1
 @triton.jit
 def _copy_range(
     entry_ptr,  # int64 [_TABLE_COLS]: this source's pointer-table row
+    out_base,  # int64: base address of launcher-allocated outputs (0 for given ones)
+    total,  # int64: tokens of every output
     start,  # int64: first source token of the row
     length,  # int64: tokens of the row
     out_start,  # int64: first output token of the row
@@ -68,7 +80,8 @@ def _copy_range(
     # nothing, and the launcher guarantees the alignment and the token size's divisibility.
     token_units = tl.multiple_of(tl.load(entry_ptr + _TOKEN_UNITS), VEC)
     src_ptr = tl.multiple_of(tl.load(entry_ptr + _SRC_ADDR).to(tl.pointer_type(UNIT)), ALIGN)
-    out_ptr = tl.multiple_of(tl.load(entry_ptr + _OUT_ADDR).to(tl.pointer_type(UNIT)), ALIGN)
+    out_addr = out_base + tl.load(entry_ptr + _OUT_OFF) + total * tl.load(entry_ptr + _OUT_PER_TOTAL)
+    out_ptr = tl.multiple_of(out_addr.to(tl.pointer_type(UNIT)), ALIGN)
     # int64 offsets: M tokens x token bytes passes 2^31 for large stores.
     src0 = start * token_units
     dst0 = out_start * token_units
@@ -88,6 +101,8 @@ def _gather_packed_kernel(
     starts_ptr,  # int64 [N]: first token of every source row
     lengths_ptr,  # int64 [N]: tokens of every source row
     offsets_ptr,  # int64 [B + 1]: first token of every output row
+    out_base,  # int64: address of the launcher-allocated output buffer, or 0
+    total,  # T, tokens of every output
     BLOCK_BYTES: tl.constexpr,  # bytes per program per step, a power of two >= 16
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -101,15 +116,30 @@ def _gather_packed_kernel(
     entry_ptr = table_ptr + source * _TABLE_COLS
     unit_bytes = tl.load(entry_ptr + _UNIT_BYTES)
     if unit_bytes == 16:
-        _copy_range(entry_ptr, start, length, out_start, chunk, n_chunks, tl.int64, 2, 16, BLOCK_BYTES // 8)
+        _copy_range(entry_ptr, out_base, total, start, length, out_start, chunk, n_chunks, tl.int64, 2, 16, BLOCK_BYTES // 8)
     elif unit_bytes == 8:
-        _copy_range(entry_ptr, start, length, out_start, chunk, n_chunks, tl.int64, 1, 8, BLOCK_BYTES // 8)
+        _copy_range(entry_ptr, out_base, total, start, length, out_start, chunk, n_chunks, tl.int64, 1, 8, BLOCK_BYTES // 8)
     elif unit_bytes == 4:
-        _copy_range(entry_ptr, start, length, out_start, chunk, n_chunks, tl.int32, 1, 4, BLOCK_BYTES // 4)
+        _copy_range(entry_ptr, out_base, total, start, length, out_start, chunk, n_chunks, tl.int32, 1, 4, BLOCK_BYTES // 4)
     elif unit_bytes == 2:
-        _copy_range(entry_ptr, start, length, out_start, chunk, n_chunks, tl.int16, 1, 2, BLOCK_BYTES // 2)
+        _copy_range(entry_ptr, out_base, total, start, length, out_start, chunk, n_chunks, tl.int16, 1, 2, BLOCK_BYTES // 2)
     else:
-        _copy_range(entry_ptr, start, length, out_start, chunk, n_chunks, tl.uint8, 1, 1, BLOCK_BYTES)
+        _copy_range(entry_ptr, out_base, total, start, length, out_start, chunk, n_chunks, tl.uint8, 1, 1, BLOCK_BYTES)
+
+
+#: What the launcher compiles (the AOT compile check reads this): the index dtype varies; every
+#: unit width is a branch of each.
+SPECIALIZATIONS = [
+    {
+        "kernel": "_gather_packed_kernel",
+        "label": f"index={index}",
+        "signature": {"table_ptr": "*i64", "index_ptr": f"*{index}", "starts_ptr": "*i64", "lengths_ptr": "*i64",
+                      "offsets_ptr": "*i64", "out_base": "i64", "total": "i64"},
+        "constexprs": {"BLOCK_BYTES": GATHER_PACKED["BLOCK_BYTES"]},
+        "num_warps": GATHER_PACKED["num_warps"],
+    }
+    for index in ("i64", "i32")
+]
 
 
 # --------------------------------------------------------------------------------------------
@@ -186,29 +216,46 @@ def gather_packed_triton(
     outs = None if outs is None else list(outs)
     _validate(values, starts, lengths, index, offsets, outs, total)
     device = values[0].device
-    if outs is None:
-        outs = [torch.empty((total, *v.shape[1:]), dtype=v.dtype, device=device) for v in values]
+    given = outs is not None
+    if not given:
+        outs = [None] * len(values)
     batch = index.shape[0]
-    if batch == 0 or total == 0:
-        return outs, offsets
 
     cfg = GATHER_PACKED
     block_bytes = cfg["BLOCK_BYTES"]
     entries: list[int] = []
+    fields: list[tuple[int, int, int]] = []  # (source, prefix bytes, token bytes) of the output buffer
+    prefix = 0
     max_token_bytes = 0
-    for v, out in zip(values, outs):
+    for i, v in enumerate(values):
         token_bytes = math.prod(v.shape[1:]) * v.element_size()
         if token_bytes == 0:
+            if outs[i] is None:
+                outs[i] = torch.empty((total, *v.shape[1:]), dtype=v.dtype, device=device)
             continue  # nothing to move for a trailing dim of size 0
-        src_addr, out_addr = v.data_ptr(), out.data_ptr()
+        src_addr = v.data_ptr()
+        if given:
+            out_off, out_per_total = outs[i].data_ptr(), 0
+            unit = unit_bytes(token_bytes, src_addr, out_off)
+        else:
+            out_off, out_per_total = 0, prefix
+            unit = unit_bytes(token_bytes, src_addr)
+            fields.append((i, prefix, token_bytes))
+            prefix += -(-token_bytes // OUT_ALIGN) * OUT_ALIGN
         # The widest unit dividing the token size and both addresses.
-        unit = unit_bytes(token_bytes, src_addr, out_addr)
         elem = min(unit, 8)  # 16-byte units move as int64 pairs
-        entries += [src_addr, out_addr, token_bytes // elem, unit, 0, 0, 0, 0]
+        entries += [src_addr, out_off, out_per_total, token_bytes // elem, unit, 0, 0, 0]
         max_token_bytes = max(max_token_bytes, token_bytes)
-    if not entries:
+    out_base = 0
+    if fields:
+        buffer = torch.empty(total * prefix, dtype=torch.uint8, device=device)
+        out_base = buffer.data_ptr()
+        for i, start, token_bytes in fields:
+            view = buffer[total * start : total * (start + token_bytes)]
+            outs[i] = view.view(values[i].dtype).view(total, *values[i].shape[1:])
+    if batch == 0 or total == 0 or not entries:
         return outs, offsets
-    table = torch.tensor(entries, dtype=torch.int64).view(-1, _TABLE_COLS.value).to(device)
+    table = device_table(tuple(entries), _TABLE_COLS.value, device)
     chunks = max(1, min(triton.cdiv(max_length * max_token_bytes, block_bytes), _MAX_AXIS))
     index = index.contiguous()
     with device_guard(device):
@@ -222,6 +269,8 @@ def gather_packed_triton(
                 starts,
                 lengths,
                 offsets,
+                out_base,
+                total,
                 BLOCK_BYTES=block_bytes,
                 num_warps=cfg["num_warps"],
             )

@@ -55,7 +55,7 @@ from triton.language.extra import libdevice
 from gpubuf_kernels._config import SUMTREE
 from gpubuf_kernels._launch import check_launch_device, device_guard, interpreter_enabled, launch
 
-__all__ = ["ERROR_BITS", "sumtree_sample_triton", "sumtree_update_triton"]
+__all__ = ["ERROR_BITS", "SPECIALIZATIONS", "sumtree_sample_triton", "sumtree_update_triton"]
 
 #: Bits of the error word ``flags[0]``.
 BAD_PRIORITY = 1
@@ -508,3 +508,68 @@ def sumtree_sample_triton(
             LIBDEVICE=_libdevice(), BLOCK=blk, num_warps=SUMTREE["num_warps"],
         )
     return index, value, weight
+
+
+def _leaf_types(leaves: str) -> tuple[str, str]:
+    """Pointer types of the leaves and of their bits."""
+    return ("*fp32", "*i32") if leaves == "fp32" else ("*fp64", "*i64")
+
+
+#: What the launchers compile (the AOT compile check reads this): fp32 and fp64 leaves; the claim
+#: with one priority per entry, one for all and new items' (the running maximum); the write as the
+#: update's last launch (rebuilding the top, 3 levels at 1M leaves) or not; the refresh of a further
+#: level; the draw at depth 4 (up to 1M leaves at fan-out 32) and 5, i.i.d. and stratified, with
+#: and without weights. Indices int64, priorities float32.
+SPECIALIZATIONS = [
+    {
+        "kernel": "_sumtree_claim_kernel",
+        "label": f"{leaves},{kind}",
+        "signature": {"leaf_bits_ptr": _leaf_types(leaves)[1], "index_ptr": "*i64", "priority_ptr": "*fp32",
+                      "value_ptr": _leaf_types(leaves)[0], "max_bits_ptr": "*i64", "flags_ptr": "*i32", "n": "i32",
+                      "limit": "i64", "alpha": "fp64", "eps": "fp64"},
+        "constexprs": {"ONE_PRIORITY": kind == "one", "FROM_MAX": kind == "new", "TRACK_MAX": True, "ALPHA_ZERO": False,
+                       "ALPHA_ONE": False, "LIBDEVICE": True, "BLOCK": SUMTREE["BLOCK"]},
+        "num_warps": SUMTREE["num_warps"],
+    }
+    for leaves in ("fp32", "fp64")
+    for kind in ("each", "one", "new")
+] + [
+    {
+        "kernel": "_sumtree_write_kernel",
+        "label": f"{leaves},top_from={top_from}",
+        "signature": {"leaves_ptr": _leaf_types(leaves)[0], "leaf_bits_ptr": _leaf_types(leaves)[1], "index_ptr": "*i64",
+                      "value_ptr": _leaf_types(leaves)[0], "sums_ptr": "*fp64", "mins_ptr": "*fp64", "rows_out_ptr": "*i64",
+                      "offsets_ptr": "*i64", "sizes_ptr": "*i64", "flags_ptr": "*i32", "n": "i32", "limit": "i64",
+                      "parent_off": "i64"},
+        "constexprs": {"FANOUT": 32, "SHIFT": 5, "TOP_FROM": top_from, "NODE_BLOCK": SUMTREE["NODE_BLOCK"],
+                       "BLOCK": SUMTREE["BLOCK"]},
+        "num_warps": SUMTREE["num_warps"],
+    }
+    for leaves in ("fp32", "fp64")
+    for top_from in (0, 3)
+] + [
+    {
+        "kernel": "_sumtree_refresh_kernel",
+        "label": "top_from=3",
+        "signature": {"sums_ptr": "*fp64", "mins_ptr": "*fp64", "rows_ptr": "*i64", "offsets_ptr": "*i64",
+                      "sizes_ptr": "*i64", "flags_ptr": "*i32", "n": "i32", "parent_off": "i64", "child_off": "i64"},
+        "constexprs": {"UP": 5, "FANOUT": 32, "TOP_FROM": 3, "NODE_BLOCK": SUMTREE["NODE_BLOCK"], "BLOCK": SUMTREE["BLOCK"]},
+        "num_warps": SUMTREE["num_warps"],
+    }
+] + [
+    {
+        "kernel": "_sumtree_sample_kernel",
+        "label": f"{leaves},depth={depth},stratified={stratified},weights={weights}",
+        "signature": {"leaves_ptr": _leaf_types(leaves)[0], "sums_ptr": "*fp64", "mins_ptr": "*fp64",
+                      "offsets_ptr": "*i64", "uniform_ptr": "*fp64", "index_out_ptr": "*i64",
+                      "value_out_ptr": _leaf_types(leaves)[0], "weight_out_ptr": _leaf_types(leaves)[0],
+                      "flags_ptr": "*i32", "n": "i32", "beta": "fp64"},
+        "constexprs": {"DEPTH": depth, "FANOUT": 32, "STRATIFIED": stratified, "HAS_WEIGHTS": weights, "LIBDEVICE": True,
+                       "BLOCK": SUMTREE["SAMPLE_BLOCK"]},
+        "num_warps": SUMTREE["num_warps"],
+    }
+    for leaves in ("fp32", "fp64")
+    for depth in (4, 5)
+    for stratified in (False, True)
+    for weights in (False, True)
+]

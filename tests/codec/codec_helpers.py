@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from gpubuf.codec.checksum import as_int32
-from gpubuf.codec.encoder import encode_planes
+from gpubuf.ops.encode_rows import encode_planes
 from gpubuf.codec.format import RowGeometry
 from gpubuf.ops.decode_rows import RowTable, decode_rows, decode_rows_ref
 

@@ -146,7 +146,7 @@ def test_reference_rows(cpu_backend):
 @pytest.mark.parametrize("kind", ["tensor", "frames"])
 def test_storage_raises_on_corrupt_rows_and_stays_usable(kind, atari, cpu_backend, monkeypatch):
     monkeypatch.setenv("GPUBUF_NUMBA", "1" if cpu_backend == "numba" else "0")
-    from gpubuf.codec.framestack import transition_indices
+    from gpubuf.ops.match_frames import transition_indices
     from gpubuf.storages.codec_storage import CompressedTensorStorage
     from gpubuf.storages.frame_stack import FrameStackStorage
 

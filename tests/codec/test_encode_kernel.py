@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpubuf.codec.encoder import encode_planes
+from gpubuf.ops.encode_rows import encode_planes
 from gpubuf.codec.format import RowGeometry
 
 from helpers import DTYPES
@@ -59,7 +59,7 @@ def test_encoders_agree_on_edge_rows():
 
 
 def test_encoders_agree_on_real_frames(atari):
-    from gpubuf.codec.framestack import stack_indices
+    from gpubuf.ops.match_frames import stack_indices
 
     frames = torch.from_numpy(atari["frames"][:160])
     stacks = frames[torch.from_numpy(stack_indices(atari["episode_start"][:160]))]

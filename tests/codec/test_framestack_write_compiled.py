@@ -1,7 +1,7 @@
 """The compiled write path of ``FrameStackStorage`` stores exactly what the torch steps store.
 
 The compiled path reads the new frames and their key frames where they lie in the batch
-(:func:`gpubuf.codec.encoder.encode_planes_at`) and numbers and keys them in one kernel
+(:func:`gpubuf.ops.encode_rows.encode_planes_at`) and numbers and keys them in one kernel
 (``gpubuf_kernels.cpu.framestack.plan_frames``); the torch steps (``GPUBUF_NUMBA=0``) gather
 them first. Both must give the same arena, row table, references, ages and stats.
 """
@@ -12,9 +12,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from gpubuf.codec.encoder import encode_planes, encode_planes_at
+from gpubuf.ops.encode_rows import encode_planes, encode_planes_at
 from gpubuf.codec.format import RowGeometry
-from gpubuf.codec.framestack import transition_indices
+from gpubuf.ops.match_frames import transition_indices
 from gpubuf.storages.frame_stack import FrameStackStorage
 
 pytest.importorskip("numba")
@@ -160,7 +160,7 @@ def test_reads_back_after_compiled_writes(atari, monkeypatch):
 def test_line_compares_in_wide_units_see_every_byte(width, unit):
     """Lines equal to the one above (or to the key's) but for one byte, at every position of a
     unit, or of the 32-byte compares of lines 32 bytes wide or more (those need no units)."""
-    from gpubuf.codec.encoder import _compare_units
+    from gpubuf.ops.encode_rows import _compare_units
 
     gen = torch.Generator().manual_seed(width)
     g = RowGeometry.of(torch.uint8, (2, 8, width))

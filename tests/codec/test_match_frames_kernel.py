@@ -8,7 +8,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from gpubuf.codec.framestack import match_frames, transition_indices
+from gpubuf.ops.match_frames import match_frames, transition_indices
 from gpubuf.storages.frame_stack import FrameStackStorage
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="numba not installed")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gpubuf.codec.checksum import adler32_bytes, adler32_ranges, adler32_ranges_host, as_uint32
-from gpubuf.codec.encoder import encode_planes
+from gpubuf.ops.encode_rows import encode_planes
 from gpubuf.codec.format import RowGeometry
 from gpubuf.ops.decode_rows import decode_rows, decode_rows_ref
 
@@ -99,7 +99,7 @@ def test_runs_split_every_256_bytes(cpu_backend):
 
 def test_real_frames_stacked_and_with_key_frames(atari, cpu_backend):
     frames = torch.from_numpy(atari["frames"][:120])
-    from gpubuf.codec.framestack import stack_indices
+    from gpubuf.ops.match_frames import stack_indices
 
     stacks = frames[torch.from_numpy(stack_indices(atari["episode_start"][:120]))]
     table = make_table(stacks)  # planes 1..3 coded against plane 0 of the same row

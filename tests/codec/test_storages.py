@@ -7,7 +7,7 @@ import torch
 from tensordict import TensorDict
 
 from gpubuf.buffers import ReplayBuffer
-from gpubuf.codec.framestack import stack_indices, transition_indices
+from gpubuf.ops.match_frames import stack_indices, transition_indices
 from gpubuf.errors import EmptyBufferError, IndexOutOfRangeError, SchemaMismatchError
 from gpubuf.storages.codec_storage import CompressedTensorStorage
 from gpubuf.storages.frame_stack import FrameStackStorage

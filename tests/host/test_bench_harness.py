@@ -203,7 +203,7 @@ def test_parse_ops():
 
 def test_cli_bench_help():
     done = subprocess.run(
-        [sys.executable, "-m", "gpubuf.tools.cli", "bench", "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "gpubuf.tools.cli", "bench", "--help"], capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr
     for option in ("--device", "--quick", "--full", "--out", "--no-torchrl", "--ops"):

@@ -75,3 +75,40 @@ def test_the_forced_path_refuses_tensors_triton_cannot_run_on(monkeypatch):
 
     with pytest.raises(BackendUnavailableError, match="TRITON_INTERPRET"):
         rb.sample()
+
+
+def _prioritized(backend: str):
+    from gpubuf import TensorDictPrioritizedReplayBuffer
+
+    rb = TensorDictPrioritizedReplayBuffer(
+        storage=LazyTensorStorage(40), alpha=0.7, beta=0.5, backend=backend, generator=torch.Generator().manual_seed(3)
+    )
+    rb.extend(_rows(33))
+    return rb
+
+
+def test_a_prioritized_cycle_on_the_device_path_takes_at_most_8_launches_and_no_sync():
+    rb = _prioritized("triton")
+    priority = torch.rand(19, generator=torch.Generator().manual_seed(4)) + 0.1
+    rb.sample(19)  # warm-up: pointer tables
+    with count_device_work("cpu") as work:
+        batch, info = rb.sample(19, return_info=True)
+        rb.update_priority(info["index"], priority)
+    assert_work(work, max_launches=8, host_syncs=0)
+    assert torch.equal(batch["index"], batch["reward"].long())
+
+
+def test_an_extend_of_a_prioritized_buffer_on_the_device_path_never_syncs():
+    rb = _prioritized("triton")
+    data = _rows(6, start=50)
+    with count_device_work("cpu") as work:
+        rb.extend(data)
+    assert_work(work, host_syncs=0)
+
+
+def test_the_counts_tool_counts_the_device_path():
+    from gpubuf.tools.counts import count_workloads
+
+    (sample,) = count_workloads(torch.device("cpu"), rows=50, batches=[9], backend="triton", workloads=["sample"])
+    assert (sample["launches"], sample["triton_launches"], sample["host_syncs"]) == (2, 1, 0)
+    assert sample["kernels"] == {"aten:randint.low_generator": 1, "triton:_gather_rows_kernel": 1}

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
@@ -264,6 +263,7 @@ _CHILD = textwrap.dedent(
     storage.set(range(10), torch.ones(10, 4))
     print(storage.scratch_dir, flush=True)
     sys.stdin.readline()  # the parent has seen the files
+    print("tail", flush=True)
     {tail}
     """
 )
@@ -286,7 +286,7 @@ class _Child:
         assert os.path.isfile(os.path.join(self.directory, "tensor.memmap"))
         self.proc.stdin.write("go\n")
         self.proc.stdin.flush()
-        time.sleep(0.5)  # let it reach its tail
+        assert self.proc.stdout.readline().strip() == "tail", self.proc.stderr.read()  # it reached its tail
         return self.directory
 
 
@@ -310,7 +310,7 @@ def children(tmp_path_factory):
 def test_cleanup_at_normal_exit(children):
     child = children["exit"]
     directory = child.ready()
-    assert child.proc.wait(timeout=60) == 0
+    assert child.proc.wait(timeout=300) == 0
     assert not os.path.exists(directory)
 
 
@@ -318,7 +318,7 @@ def test_cleanup_when_killed_with_sigterm(children):
     child = children["sigterm"]
     directory = child.ready()
     child.proc.send_signal(signal.SIGTERM)
-    assert child.proc.wait(timeout=60) == -signal.SIGTERM  # still dies of SIGTERM
+    assert child.proc.wait(timeout=300) == -signal.SIGTERM  # still dies of SIGTERM
     assert not os.path.exists(directory)
 
 
@@ -326,7 +326,7 @@ def test_cleanup_on_ctrl_c(children):
     child = children["sigint"]
     directory = child.ready()
     child.proc.send_signal(signal.SIGINT)
-    child.proc.wait(timeout=60)
+    child.proc.wait(timeout=300)
     assert "KeyboardInterrupt" in child.proc.stderr.read()
     assert not os.path.exists(directory)
 
@@ -334,7 +334,7 @@ def test_cleanup_on_ctrl_c(children):
 def test_no_cleanup_of_a_user_dir_at_exit(children):
     child = children["user_dir"]
     directory = child.ready()
-    assert child.proc.wait(timeout=60) == 0
+    assert child.proc.wait(timeout=300) == 0
     assert os.path.isfile(os.path.join(directory, "tensor.memmap"))
 
 
@@ -396,7 +396,7 @@ def test_scratch_dir_not_writable(tmp_path):
                 f"import test_memmap as t; os.setgid(65534); os.setuid(65534); "
                 f"print(t._try_read_only_dir({str(locked)!r}))"
             )
-            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+            out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
             assert out.stdout.strip() == f"ScratchDirError {errno.EACCES}", out.stderr
     finally:
         locked.chmod(0o755)

@@ -128,12 +128,14 @@ def test_empty_storage_cannot_be_spawned_without_shared_init():
 
 
 # ---------------------------------------------------------------------------- concurrent writers
-def _indexed_worker(storage, wid: int, n: int, batch: int, barrier, returned):
+def _indexed_worker(storage, wid: int, n: int, batch: int, barrier, returned, first_written=None):
     rb = gpubuf.TensorDictReplayBuffer(storage=storage)
     barrier.wait()
     for s in range(0, n, batch):
         seq = torch.arange(s, min(s + batch, n))
         returned[wid, s : s + seq.numel()] = rb.extend(_rows(wid, seq))
+        if s == 0 and first_written is not None:
+            first_written.wait()  # the parent samples from here on, while the rest is written
 
 
 def _run_writers(capacity: int, workers: int, per_worker: int, batch: int, sample_while_writing: bool = False):
@@ -143,21 +145,26 @@ def _run_writers(capacity: int, workers: int, per_worker: int, batch: int, sampl
     rb.empty()
     returned = torch.full((workers, per_worker), -1, dtype=torch.long).share_memory_()
     barrier = FORK.Barrier(workers)
+    # With sampling, every worker waits after its first batch until the parent joins: rows are
+    # there to sample, however the processes were scheduled.
+    first_written = FORK.Barrier(workers + 1) if sample_while_writing else None
     procs = [
-        FORK.Process(target=_indexed_worker, args=(storage, w, per_worker, batch, barrier, returned))
+        FORK.Process(target=_indexed_worker, args=(storage, w, per_worker, batch, barrier, returned, first_written))
         for w in range(workers)
     ]
     for p in procs:
         p.start()
     samples = 0
     if sample_while_writing:
-        while any(p.is_alive() for p in procs):
-            if len(rb):
-                batch_td = rb.sample()
-                # Every row below len() holds written data: its stored index is its position.
-                assert torch.equal(rb.storage.get(batch_td["index"])["index"], batch_td["index"])
-                assert (batch_td["wid"] >= 0).all()
-                samples += 1
+        first_written.wait()
+        while True:
+            batch_td = rb.sample()
+            # Every row below len() holds written data: its stored index is its position.
+            assert torch.equal(rb.storage.get(batch_td["index"])["index"], batch_td["index"])
+            assert (batch_td["wid"] >= 0).all()
+            samples += 1
+            if not any(p.is_alive() for p in procs):
+                break
             time.sleep(0.005)
     _join(procs)
     return rb, returned, samples

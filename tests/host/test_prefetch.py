@@ -176,37 +176,70 @@ def test_draws_in_the_callers_thread_reads_in_workers():
     assert slow.threads - {threading.get_ident()}, "no read ran ahead in a worker"
 
 
+#: Generations wrap here so that every stored value stays below 2**24, which float32 ("a") holds
+#: exactly; two generations that far apart are never both in flight.
+GENERATIONS = 1 << 14
+
+
+def _generation_rows(generation: int, capacity: int) -> TensorDict:
+    return _rows((generation % GENERATIONS) * capacity, capacity)
+
+
+def _assert_not_torn(batch: TensorDict) -> None:
+    """Every field of every row holds the same generation's value (``a`` and ``c`` are ``b`` cast)."""
+    rows = batch["b"]
+    assert torch.equal(batch["a"].squeeze(-1).long(), rows), "a torn read: 'a' and 'b' of one row differ"
+    assert torch.equal(batch["n", "c"].long(), rows.to(torch.int16).long()), "a torn read: ('n', 'c') differs"
+
+
+def test_the_torn_read_check_catches_a_read_torn_on_purpose():
+    # A read torn by hand, field by field around a write, the way a concurrent writer would tear it.
+    capacity = 64
+    storage = LazyTensorStorage(capacity)
+    rb = TensorDictReplayBuffer(storage=storage, batch_size=16)
+    rb.extend(_generation_rows(GENERATIONS - 1, capacity))  # the last generation before the wrap
+    index = torch.arange(0, capacity, 4)
+    before = rb[index]
+    rb.extend(_generation_rows(GENERATIONS, capacity))  # wraps to generation 0's values
+    after = rb[index]
+    _assert_not_torn(before)
+    _assert_not_torn(after)
+    torn = after.clone()
+    torn["a"] = before["a"]
+    with pytest.raises(AssertionError, match="torn"):
+        _assert_not_torn(torn)
+    torn = after.clone()
+    torn["n", "c"] = before["n", "c"]
+    with pytest.raises(AssertionError, match="torn"):
+        _assert_not_torn(torn)
+
+
 def test_torn_reads_never_returned_with_a_concurrent_writer():
     # Rows hold the same value in "a" and "b"; a writer thread overwrites the whole buffer over
     # and over, field by field. A batch read while a write is under way would mix generations.
+    # The reader takes a fixed number of batches (no deadline), so the outcome does not depend on
+    # how many generations a fast machine writes meanwhile.
     capacity = 64
     storage = LazyTensorStorage(capacity)
     rb = TensorDictReplayBuffer(storage=storage, batch_size=16, prefetch=3, generator=torch.Generator().manual_seed(0))
-    rb.extend(_rows(0, capacity))
+    rb.extend(_generation_rows(0, capacity))
     storage._gather = _SlowGather(storage, 0.001)
     stop = threading.Event()
 
     def writer():
         generation = 1
         while not stop.is_set():
-            rb.extend(_rows(1000 * generation, capacity))
+            rb.extend(_generation_rows(generation, capacity))
             generation += 1
 
     thread = threading.Thread(target=writer)
     thread.start()
     try:
-        deadline = time.monotonic() + 1.5
-        count = 0
-        while time.monotonic() < deadline:
-            batch = rb.sample()
-            rows = batch["b"]
-            assert torch.equal(batch["a"].squeeze(-1).long(), rows)
-            assert torch.equal(batch["n", "c"].long(), rows.to(torch.int16).long())
-            count += 1
+        for _ in range(300):
+            _assert_not_torn(rb.sample())
     finally:
         stop.set()
         thread.join()
-    assert count > 0
 
 
 def test_empty_buffer_error_propagates_and_recovers():

@@ -413,3 +413,20 @@ def test_offsets_past_2_31_bytes_on_cuda():
     index = torch.tensor([n - 1, 0, n - 3, n - 1], device=dev)
     got = gather_rows([src], index, backend="triton")[0]
     assert torch.equal(got, src[index])
+
+
+@pytest.mark.gpu
+def test_a_warm_gather_on_cuda_is_one_launch_without_copies_or_syncs():
+    from gpubuf.ops.device_work import count_device_work
+
+    gen = torch.Generator().manual_seed(9)
+    dev = torch.device("cuda")
+    sources = [_source(1000, (32,), torch.float32, dev, gen), _source(1000, (), torch.bool, dev, gen),
+               _source(1000, (7,), torch.int64, dev, gen)]
+    index = torch.randint(0, 1000, (256,), generator=gen).to(dev)
+    gather_rows_triton(sources, index)  # builds and copies the pointer table
+    with count_device_work("cuda") as work:
+        got = gather_rows_triton(sources, index)
+    assert (work.launches, work.triton_launches, work.host_to_device, work.host_syncs) == (1, 1, 0, 0), work.summary()
+    for g, w in zip(got, gather_rows_ref(sources, index)):
+        _assert_same(g, w)

@@ -47,6 +47,21 @@ def test_counts_every_kind_of_host_read():
     assert work.launches == 0
 
 
+def test_ops_whose_output_size_depends_on_the_data_count_as_syncs():
+    x = torch.arange(10)
+    mask = x > 3
+    with count_device_work("cpu") as work:
+        x[mask]
+        x.nonzero()
+        torch.unique(x)
+        torch.masked_select(x, mask)
+        torch.repeat_interleave(torch.tensor([1, 2]))
+        torch.repeat_interleave(torch.tensor([1, 2]), output_size=3)  # sized by the caller: no sync
+        x[torch.tensor([1, 2])]  # integer indexing: no sync
+    assert work.host_syncs == 5, work.summary()
+    assert all(s.endswith("(output size read on the host)") for s in work.syncs)
+
+
 def test_only_the_counted_device_counts():
     x = torch.arange(6.0)
     with count_device_work("cuda") as work:  # nothing here is on a CUDA device
@@ -87,5 +102,6 @@ def test_cuda_copies_sort_into_syncs_and_host_to_device():
         x.cpu()  # blocking device-to-host copy
         pinned.copy_(x, non_blocking=True)  # asynchronous: no sync
         torch.arange(4).to("cuda")  # host-to-device copy
-    assert work.host_syncs == 1, work.summary()
+        x[:3].tolist()  # one sync, although torch copies to the host inside
+    assert work.host_syncs == 2, work.summary()
     assert work.host_to_device == 1, work.summary()

@@ -72,7 +72,7 @@ def test_sumtree_ops_run_the_chosen_cpu_path(monkeypatch):
 def test_decode_rows_runs_the_chosen_cpu_path(monkeypatch):
     """The row decode takes the compiled kernel by default on CPU, the twin for "torch" or GPUBUF_NUMBA=0."""
     from gpubuf.codec.checksum import as_int32
-    from gpubuf.codec.encoder import encode_planes
+    from gpubuf.ops.encode_rows import encode_planes
     from gpubuf.codec.format import RowGeometry
     from gpubuf.ops.decode_rows import RowTable, decode_rows
 

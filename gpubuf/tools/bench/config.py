@@ -63,7 +63,7 @@ class BenchConfig:
         return replace(self, rows=rows, extend_chunks=chunks)
 
 
-#: The issue's workload, timed at length: N = 1M, extend 1k / 100k, sample 256 / 65,536, the
+#: The reference workload, timed at length: N = 1M, extend 1k / 100k, sample 256 / 65,536, the
 #: prioritized cycle (sample + gather + weights + priority update) at 256 / 65,536, and the
 #: sampler's draw and update of 65,536 alone.
 FULL = BenchConfig(

@@ -1,6 +1,6 @@
 """Row encoder of the compressed row format as compiled CPU loops.
 
-:func:`gpubuf.codec.encoder.encode_planes` is the specification: the same choice for every line
+:func:`gpubuf.ops.encode_rows.encode_planes` is the specification: the same choice for every line
 (``UP`` over ``REF`` over ``RUNS`` of the line or of its residual, whichever has fewer runs and
 only when smaller than the line, else ``RAW``), the same raw fallback for rows not strictly
 smaller coded, the same bytes and checksums. There the choices are whole-batch tensor steps;

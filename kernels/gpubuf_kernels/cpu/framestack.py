@@ -1,6 +1,6 @@
 """Frame matching of stacked rows as a compiled CPU loop.
 
-:func:`gpubuf.codec.framestack.match_frames` is the specification: for every frame slot
+:func:`gpubuf.ops.match_frames.match_frames` is the specification: for every frame slot
 ``(row i, leaf j, position k)`` of a batch (and of an optional tail row, row ``-1``), the first of
 its candidates, in the documented order, that holds the same bytes, and from that the root of
 every slot. There the candidates are whole-batch compares over a copy of tail and batch; here

@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gpubuf.codec.encoder import wide_view
-from gpubuf.ops._dispatch import kernel_module, resolve_backend
+from gpubuf.ops.encode_rows import wide_view
+from gpubuf.ops._dispatch import kernel_module, resolve
 
 __all__ = ["stack_indices", "transition_indices", "match_frames", "frames_equal"]
 
@@ -123,7 +123,7 @@ def match_frames(
         int64 ``[(n + 1) * J * S]``: the root of every slot, slot ``((i + 1) * J + j) * S + k``
         (row ``-1`` is the tail; its slots are their own roots).
     """
-    if resolve_backend(stacks[0], backend, has_cpu_kernel=True) == "numba":
+    if resolve("match_frames", stacks[0], backend) == "numba":
         return _match_frames_numba(stacks, pairs, tail)
     J = len(stacks)
     n, S = stacks[0].shape[:2]

@@ -30,7 +30,7 @@ from gpubuf.codec.format import (
     RESIDUAL_BIT,
     RowGeometry,
 )
-from gpubuf.ops._dispatch import kernel_module, resolve_backend
+from gpubuf.ops._dispatch import kernel_module, resolve
 
 __all__ = ["EncodedBatch", "encode_planes", "encode_planes_at", "lines_equal", "wide_view"]
 
@@ -144,7 +144,7 @@ def encode_planes(
             adler32_ranges(torch.empty(0, dtype=torch.uint8, device=device), zeros, zeros, ref_rows),
         )
     keyed = not intra and has_key is not None and key_planes is not None and bool(has_key.any())
-    if resolve_backend(planes, backend, has_cpu_kernel=True) == "numba":
+    if resolve("encode_rows", planes, backend) == "numba":
         return _encode_numba(planes, g, key_planes, has_key, ref_rows, keyed, intra, inrow)
     x = planes.reshape(n, P, H, W)
 
@@ -338,7 +338,7 @@ def encode_planes_at(
     n = row_src.shape[0]
     g = geometry
     RB = g.raw_bytes
-    if n == 0 or RB == 0 or resolve_backend(sources[0], backend, has_cpu_kernel=True) != "numba":
+    if n == 0 or RB == 0 or resolve("encode_rows", sources[0], backend) != "numba":
         rows = _gather_rows(sources, row_src, row_off, RB).view(n, g.planes, g.height, g.width)
         keys = _gather_rows(sources, torch.where(has_key, key_src, row_src), torch.where(has_key, key_off, row_off), RB)
         return encode_planes(

@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from gpubuf.codec.checksum import as_int32, as_uint32, resuffix
-from gpubuf.codec.encoder import EncodedBatch
+from gpubuf.ops.encode_rows import EncodedBatch
 from gpubuf.codec.format import RowGeometry
 from gpubuf.ops.decode_rows import RowTable
 from gpubuf.ops.gather_packed import gather_packed_trusted
@@ -89,7 +89,7 @@ class RowStore:
 
         Args:
             ids: int64 ``[n]`` distinct row slots in ``[0, rows)``, on the store's device.
-            encoded: the rows' bytes (:func:`~gpubuf.codec.encoder.encode_planes`).
+            encoded: the rows' bytes (:func:`~gpubuf.ops.encode_rows.encode_planes`).
             live: returns bool ``[rows]``, the rows whose bytes must survive a compaction (the
                 rows being written may be included or not: their old bytes are dropped).
             refs: int32 ``[n]`` reference rows (stores made ``with_refs``), -1 for none.

@@ -1,0 +1,147 @@
+"""Launches and host syncs of the replay operations, counted call by call.
+
+For each workload and batch size, one call after a warm-up call runs under
+:func:`gpubuf.ops.device_work.count_device_work` on the buffer's device:
+
+- ``sample``: a uniform ``TensorDictReplayBuffer.sample(B)`` (draw, gather of every field);
+- ``extend``: ``extend`` of B rows;
+- ``prioritized-cycle``: ``TensorDictPrioritizedReplayBuffer.sample(B, return_info=True)``
+  (draw with importance weights, gather) then ``update_priority`` of the batch with priorities
+  already on the device.
+
+On a GPU this is what a step costs in launches and syncs. Without one, ``--device cpu --backend
+triton`` counts the device path through Triton's interpreter (``TRITON_INTERPRET=1``; small sizes).
+
+Example:
+    $ python -m gpubuf.tools.counts --device cuda --json counts.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any, Callable, Sequence
+
+import torch
+
+from gpubuf.ops.device_work import count_device_work
+
+__all__ = ["WORKLOADS", "count_workloads", "main"]
+
+
+def _filled(cls: Any, device: torch.device, rows: int, backend: str, row_kind: str, **kwargs: Any) -> Any:
+    from gpubuf import LazyTensorStorage
+    from gpubuf.tools.synthetic import make_rows
+
+    rb = cls(storage=LazyTensorStorage(rows, device=device), backend=backend, **kwargs)
+    data = make_rows(row_kind, rows, device)
+    for start in range(0, rows, 100_000):
+        rb.extend(data[start : start + 100_000])
+    return rb
+
+
+def _sample(device: torch.device, rows: int, batch: int, backend: str, row_kind: str) -> Callable[[], Any]:
+    from gpubuf import TensorDictReplayBuffer
+
+    rb = _filled(TensorDictReplayBuffer, device, rows, backend, row_kind)
+    return lambda: rb.sample(batch)
+
+
+def _extend(device: torch.device, rows: int, batch: int, backend: str, row_kind: str) -> Callable[[], Any]:
+    from gpubuf import TensorDictReplayBuffer
+    from gpubuf.tools.synthetic import make_rows
+
+    rb = _filled(TensorDictReplayBuffer, device, rows, backend, row_kind)
+    data = make_rows(row_kind, batch, device, seed=1)
+    return lambda: rb.extend(data)
+
+
+def _prioritized_cycle(device: torch.device, rows: int, batch: int, backend: str, row_kind: str) -> Callable[[], Any]:
+    from gpubuf import TensorDictPrioritizedReplayBuffer
+
+    rb = _filled(TensorDictPrioritizedReplayBuffer, device, rows, backend, row_kind, alpha=0.7, beta=0.5)
+    priority = torch.rand(batch, generator=torch.Generator().manual_seed(2)).to(device) + 0.1
+
+    def cycle() -> Any:
+        data, info = rb.sample(batch, return_info=True)
+        rb.update_priority(info["index"], priority)
+        return data
+
+    return cycle
+
+
+#: name -> builder(device, rows, batch, backend, row kind) of the call to count.
+WORKLOADS: dict[str, Callable[..., Callable[[], Any]]] = {
+    "sample": _sample,
+    "extend": _extend,
+    "prioritized-cycle": _prioritized_cycle,
+}
+
+
+def count_workloads(
+    device: torch.device,
+    *,
+    rows: int,
+    batches: Sequence[int],
+    backend: str = "auto",
+    workloads: Sequence[str] = tuple(WORKLOADS),
+    row_kind: str = "transition",
+) -> list[dict[str, Any]]:
+    """Counts one call of each workload at each batch size; one dict per count.
+
+    Returns:
+        Dicts with ``workload``, ``batch``, ``launches``, ``triton_launches``, ``torch_ops``,
+        ``host_syncs``, ``host_to_device``, ``kernels`` (launches by name) and ``syncs``.
+    """
+    results = []
+    for name in workloads:
+        for batch in batches:
+            call = WORKLOADS[name](device, rows, batch, backend, row_kind)
+            call()  # warm-up: lazy allocations, pointer tables, compiled kernels
+            with count_device_work(device) as work:
+                call()
+            results.append(
+                {
+                    "workload": name,
+                    "batch": batch,
+                    "launches": work.launches,
+                    "triton_launches": work.triton_launches,
+                    "torch_ops": work.torch_ops,
+                    "host_syncs": work.host_syncs,
+                    "host_to_device": work.host_to_device,
+                    "kernels": dict(work.kernels),
+                    "syncs": work.syncs,
+                }
+            )
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpubuf.tools.counts", description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--backend", default="auto", choices=("auto", "triton", "torch", "numba"))
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--batch", type=int, nargs="+", default=[256, 65_536])
+    parser.add_argument("--workload", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--json", default=None, help="write the counts and the environment here")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    results = count_workloads(device, rows=args.rows, batches=args.batch, backend=args.backend, workloads=args.workload)
+    for r in results:
+        print(
+            f"{r['workload']:>18} B={r['batch']:<7} {r['launches']:4d} launches ({r['triton_launches']} Triton, "
+            f"{r['torch_ops']} torch), {r['host_syncs']} host syncs: "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(r["kernels"].items(), key=lambda kv: -kv[1]))
+            + (f"; syncs: {', '.join(r['syncs'])}" if r["syncs"] else "")
+        )
+    if args.json:
+        from gpubuf.tools.bench import environment
+
+        meta = environment.collect(device)
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "backend": args.backend, "rows": args.rows, "counts": results}, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
