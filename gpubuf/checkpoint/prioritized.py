@@ -92,6 +92,15 @@ class PrioritizedSamplerCodec(Codec):
                 raise CheckpointCorruptError(f"{where}: expected {capacity} float leaves, got {list(leaves.shape)} x {leaves.dtype}")
             _check_values(leaves, "leaves")
             tree.fill_(leaves.to(torch.float64))
+        elif (
+            _array(arrays, require(names, "sums", str, f"{where}.tree")).shape == (tree.sums.numel() - fanout + 1,)
+            and leaves.shape == tree.leaves.shape
+            and leaves.dtype == tree.leaves.dtype
+        ):
+            # Internal levels in the layout of older versions (the root's level one entry long,
+            # not a whole row): rebuilt from the leaves.
+            _check_values(leaves, "leaves")
+            tree.fill_(leaves[:capacity].to(torch.float64))
         else:
             sums = _array(arrays, require(names, "sums", str, f"{where}.tree"))
             mins = _array(arrays, require(names, "mins", str, f"{where}.tree"))
@@ -120,7 +129,7 @@ class PrioritizedSamplerCodec(Codec):
         reduction = state.get("reduction", sampler.reduction)
         if reduction not in ("max", "min", "median", "mean"):
             raise CheckpointCorruptError(f"{where}: unknown reduction {reduction!r}")
-        if hasattr(sampler, "_shared_max"):
+        if getattr(sampler, "shares_memory", False):
             return _apply_shared(sampler, tree, (alpha, beta, eps), max_priority, reduction, state)
         shadow, apply = shadow_of(sampler)
         shadow._tree = tree

@@ -47,7 +47,7 @@ KERNELS: dict[tuple[str, str], str] = {
     ("sumtree_update", "cuda"): "sumtree:sumtree_update_triton",
     ("sumtree_update", "cpu"): "cpu.sumtree:update",
     ("sumtree_sample", "cuda"): "sumtree:sumtree_sample_triton",
-    ("sumtree_sample", "cpu"): "cpu.sumtree:sample",
+    ("sumtree_sample", "cpu"): "cpu.sumtree:draw",
     ("encode_rows", "cpu"): "cpu.encoder:encode_rows",
     ("match_frames", "cpu"): "cpu.framestack:match_roots",
 }

@@ -17,16 +17,8 @@ from gpubuf.errors import (
     PriorityError,
     SchemaMismatchError,
 )
-from gpubuf.ops.sumtree import (
-    SumTree,
-    sumtree_rebuild,
-    sumtree_draw_compiled,
-    sumtree_draw_compiled_ready,
-    sumtree_sample_weighted,
-    sumtree_update_compiled,
-    sumtree_update,
-    sumtree_update_compiled_ready,
-)
+from gpubuf.ops._dispatch import device_path
+from gpubuf.ops.sumtree import SumTree, sumtree_check, sumtree_rebuild, sumtree_sample_weighted, sumtree_update
 from gpubuf.samplers.base import Sampler
 from gpubuf.samplers.random import _check_batch_size, _unravel
 
@@ -36,8 +28,6 @@ _EMPTY = "cannot sample from an empty storage: extend the buffer first"
 _ALL_ZERO = "every priority is 0: nothing can be sampled (use eps > 0)"
 _UNBOUND = object()
 _REDUCTIONS = ("max", "min", "median", "mean")
-#: Priority dtypes :meth:`PrioritizedSampler._update_compiled` hands to the kernel as they are.
-_COMPILED_PRIORITY_DTYPES = (torch.float32, torch.float64)
 
 
 def _storage_device(storage: Any) -> torch.device | None:
@@ -67,8 +57,10 @@ class PrioritizedSampler(Sampler):
 
     The transformed priorities live in a :class:`~gpubuf.ops.sumtree.SumTree` (fan-out 32,
     ``float64`` internal nodes recomputed from their children, a min kept beside the sums): a
-    sample of ``B`` items and an update of ``B`` priorities each cost ``O(B log N)``, run as
-    Triton kernels when the tree is on a GPU and as vectorized torch on a CPU.
+    sample of ``B`` items and an update of ``B`` priorities each cost ``O(B log N)`` at any
+    capacity: Triton kernels when the tree is on a GPU (a draw with its weights in one launch,
+    an update in two or three), one compiled call each on a CPU (Numba), the torch twins where
+    neither runs.
 
     New items get the current max priority (1.0 at first): the buffer calls :meth:`add` /
     :meth:`extend` after every write, and they set it (TorchRL's writers do the same through
@@ -94,14 +86,29 @@ class PrioritizedSampler(Sampler):
     Keyword Args:
         stratified: draw one mass in each of ``B`` equal slices of the total instead of ``B``
             i.i.d. masses (TorchRL's scheme, the default). Lower variance, same marginals.
+        eager_checks: on a GPU tree, check priorities and indices on the host before each
+            update (one synchronisation) and raise at the call, as on a CPU; see "Errors on the
+            GPU". The sum-tree ops' backend is the buffer's (``ReplayBuffer(backend=...)``).
 
     Devices:
         :meth:`sample` returns ``index`` and ``info["priority_weight"]`` on the storage's
         device (where the batch is gathered), or on the tree's device for storages without a
         device (``ListStorage``). :meth:`update_priority` takes indices and priorities on any
-        device and copies them to the tree's. With a CUDA tree each update synchronises once,
-        for its validation; a sample does not synchronise unless the storage is on another
-        device.
+        device and copies them to the tree's. With a GPU tree neither synchronises with the
+        host (unless the storage is on another device, or ``eager_checks``): the running
+        maximum lives in a fixed device tensor, so ``sample`` and ``update_priority`` of a fixed
+        batch size can be captured in a CUDA graph.
+
+    Errors on the GPU:
+        A CPU update checks every priority and index and raises before writing anything. A
+        GPU update checks them in its kernel instead: a bad entry (NaN, infinite or negative
+        priority, an index past the written range) is skipped, the others are written, and the
+        error is recorded on the device. It is raised as the usual typed error
+        (:class:`~gpubuf.errors.PriorityError`, :class:`~gpubuf.errors.IndexOutOfRangeError`)
+        by :meth:`check_errors`, which :meth:`state_dict` and every host read of the sampler's
+        state call; a draw from a tree with nothing to sample raises
+        :class:`~gpubuf.errors.EmptyBufferError` there too. Priorities given on the host are
+        checked on the host by the buffers, before anything is written.
 
     Randomness:
         Draws come from ``self._rng`` (the buffer's ``generator``), on that generator's device,
@@ -129,6 +136,7 @@ class PrioritizedSampler(Sampler):
         device: torch.device | str | None = None,
         *,
         stratified: bool = False,
+        eager_checks: bool = False,
     ) -> None:
         if isinstance(max_capacity, bool) or not isinstance(max_capacity, numbers.Integral) or max_capacity <= 0:
             raise CapacityError(f"max_capacity must be a positive integer, got {max_capacity!r}")
@@ -144,11 +152,16 @@ class PrioritizedSampler(Sampler):
         self.reduction = reduction
         self._max_priority_within_buffer = bool(max_priority_within_buffer)
         self.stratified = bool(stratified)
+        self.eager_checks = bool(eager_checks)
         self._device = None if device is None else torch.device(device)
         self._storage: Any = None
         self._bound_device_attr: Any = _UNBOUND
         self._tree = SumTree(self._max_capacity, dtype=dtype, device=self._device or "cpu")
-        self._max_priority: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+        # The running maximum of the raw priorities (-inf: none yet) and, with
+        # max_priority_within_buffer, the item holding it (-1: unknown): fixed tensors on the
+        # tree's device that the update kernels raise in place.
+        self._max_value = torch.full((1,), -math.inf, dtype=torch.float64, device=self._tree.device)
+        self._max_index = torch.full((1,), -1, dtype=torch.long, device=self._tree.device)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -196,12 +209,32 @@ class PrioritizedSampler(Sampler):
     def default_priority(self) -> float | torch.Tensor:
         """The raw priority given to new items: the tracked maximum, or 1.0 before any update.
 
-        A Python float with a CPU tree; a 0-d tensor with a CUDA tree (no synchronisation).
+        A Python float with a CPU tree; a 0-d tensor with a GPU tree (no synchronisation).
         """
-        value = self._max_priority[0]
-        if value is None:
-            return 1.0
-        return float(value) if value.device.type == "cpu" else value
+        value = self._max_value
+        if value.device.type == "cpu":
+            return 1.0 if value[0] < 0 else float(value[0])
+        return torch.where(value < 0, torch.ones_like(value), value)[0]
+
+    @property
+    def _max_priority(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``(maximum, index holding it)`` as 0-d tensors, None where unknown (reads the device)."""
+        value, index = self._max_value[0], self._max_index[0]
+        return (None if bool(value < 0) else value, None if bool(index < 0) else index)
+
+    @_max_priority.setter
+    def _max_priority(self, state: tuple[Any, Any]) -> None:
+        # New tensors (a loaded state may be prepared on a shallow copy of the sampler, which must
+        # not write into the live sampler's tensors); capture CUDA graphs after loading.
+        value, index = state
+        device = self._tree.device
+        self._max_value = torch.full((1,), -math.inf if value is None else float(value), dtype=torch.float64, device=device)
+        self._max_index = torch.full((1,), -1 if index is None else int(index), dtype=torch.long, device=device)
+
+    def check_errors(self) -> None:
+        """Raises the error a GPU kernel recorded since the last check (one synchronisation); see
+        "Errors on the GPU". A no-op on a CPU tree, where updates raise at the call."""
+        sumtree_check(self._tree)
 
     # ------------------------------------------------------------------ storage and devices
     def _bind(self, storage: Any) -> None:
@@ -220,9 +253,8 @@ class PrioritizedSampler(Sampler):
 
     def _move_to(self, device: torch.device) -> None:
         self._tree = self._tree.to(device)
-        value, index = self._max_priority
-        if value is not None:
-            self._max_priority = (value.to(device), None if index is None else index.to(device))
+        self._max_value = self._max_value.to(device)
+        self._max_index = self._max_index.to(device)
 
     def _limit(self, storage: Any) -> int:
         """Priorities may only be set for written items."""
@@ -300,8 +332,11 @@ class PrioritizedSampler(Sampler):
         self.mark_update(index)
 
     def mark_update(self, index: Any, *, storage: Any = None) -> None:
-        """Sets the priority of ``index`` to :attr:`default_priority` (TorchRL's hook for written items)."""
-        self.update_priority(index, self.default_priority, storage=storage)
+        """Sets the priority of ``index`` to :attr:`default_priority` (TorchRL's hook for written items).
+
+        The maximum is read where it lives (in the update kernel on a GPU): no synchronisation.
+        """
+        self._update(index, None, storage)
 
     def update_priority(self, index: Any, priority: Any, *, storage: Any = None) -> None:
         """Sets the priorities of the items at ``index``.
@@ -328,71 +363,31 @@ class PrioritizedSampler(Sampler):
 
             On any of these nothing changes: priorities, tree and maximum are as they were.
         """
+        self._update(index, priority, storage)
+
+    def _update(self, index: Any, priority: Any, storage: Any) -> None:
+        """:meth:`update_priority`; ``priority`` None gives the items the default priority."""
         storage = storage if storage is not None else self._storage
         self._bind(storage)
-        # The compiled path reads the priorities' data (detached) and keeps no tensor of them;
-        # only the general path's torch ops need autograd off (a td_error computed from a loss
-        # requires grad). Entering no_grad costs as much as a small compiled update.
-        if self._update_compiled(index, priority, storage):
-            return
         with torch.no_grad():
             flat = self._flat_index(index, storage)
-            prio = self._priority_tensor(priority, flat.numel())
-            sumtree_update(self._tree, flat, prio, alpha=self._alpha, eps=self._eps, limit=self._limit(storage))
-            self._track_max(flat, prio)
-
-    def _update_compiled(self, index: Any, priority: Any, storage: Any) -> bool:
-        """The common update (a CPU tree, flat int64 indices and one priority each, as a sampled
-        batch has them) straight to the compiled kernel; False, having done nothing, when the
-        arguments take the general path.
-
-        A training step updates priorities as often as it samples, and at B = 256 the general
-        path's conversions and checks cost as much as the update itself. The kernel checks every
-        priority and index before writing (the typed errors of :meth:`update_priority`).
-        """
-        current = self._max_priority[0]
-        if (
-            current is None
-            or self._max_priority_within_buffer
-            or type(index) is not torch.Tensor
-            or type(priority) is not torch.Tensor
-            or index.dtype != torch.int64
-            or index.ndim != 1
-            or priority.dtype not in _COMPILED_PRIORITY_DTYPES
-            or priority.shape != index.shape
-            or not index.is_cpu
-            or not priority.is_cpu
-            or not current.is_cpu
-            or (storage is not None and getattr(storage, "ndim", 1) != 1)
-            or not sumtree_update_compiled_ready(self._tree)
-        ):
-            return False
-        batch_max = sumtree_update_compiled(self._tree, index, priority, self._alpha, self._eps, self._limit(storage))
-        self._track_max(index, priority, batch_max)
-        return True
-
-    def _track_max(self, index: torch.Tensor, priority: torch.Tensor, batch_max: float | None = None) -> None:
-        """Updates the raw maximum priority after a successful update (TorchRL's ``_max_priority``).
-
-        ``batch_max`` is the update's largest priority at a non-negative index when the compiled
-        update reported it, else None.
-        """
-        current = self._max_priority[0]
-        if current is not None and not self._max_priority_within_buffer and batch_max is not None:
-            # A running maximum read from the update: no tensor op unless it grows.
-            if batch_max > float(current):
-                self._max_priority = (torch.tensor(batch_max, dtype=torch.float64), None)
-            return
-        if current is not None and not self._max_priority_within_buffer and index.device.type == "cpu":
-            # On a CPU the smallest index is read without a synchronisation; with no index to
-            # skip, the batch maximum is one reduction (three torch calls instead of nine).
-            if index.numel() == 0:
+            prio = None if priority is None else self._priority_tensor(priority, flat.numel())
+            if self._max_priority_within_buffer:
+                if prio is None:
+                    prio = torch.as_tensor(self.default_priority, dtype=torch.float64, device=self._tree.device).reshape(1)
+                sumtree_update(self._tree, flat, prio, alpha=self._alpha, eps=self._eps, limit=self._limit(storage),
+                               eager=True, backend=self._backend)
+                self._track_within_buffer(flat, prio)
                 return
-            if int(index.min()) >= 0:
-                self._max_priority = (torch.maximum(current, priority.max()), None)
-                return
+            sumtree_update(
+                self._tree, flat, prio, alpha=self._alpha, eps=self._eps, limit=self._limit(storage),
+                max_priority=self._max_value, eager=self.eager_checks, backend=self._backend,
+            )
+
+    def _track_within_buffer(self, index: torch.Tensor, priority: torch.Tensor) -> None:
+        """Updates the maximum and the item holding it after a successful update (host reads)."""
         valid = index >= 0
-        if not bool(valid.any()):  # the update itself synchronised already on CUDA
+        if not bool(valid.any()):
             return
         prio = priority.to(torch.float64).expand(index.shape) if priority.numel() == 1 else priority.to(torch.float64)
         masked = torch.where(valid, prio, torch.full_like(prio, -math.inf))
@@ -400,10 +395,8 @@ class PrioritizedSampler(Sampler):
         batch_index = index[at]
         current, current_index = self._max_priority
         if current is None:
-            self._max_priority = (batch_max, batch_index)
-        elif not self._max_priority_within_buffer:
-            # One tensor op, no host synchronisation.
-            self._max_priority = (torch.maximum(current, batch_max), None)
+            self._max_value.fill_(float(batch_max))
+            self._max_index.fill_(int(batch_index))
         else:
             self._refresh_within_buffer(index, batch_max, batch_index)
 
@@ -412,18 +405,20 @@ class PrioritizedSampler(Sampler):
         if self._alpha == 0:
             # The tree holds 1.0 for every item: raw priorities cannot be read back. Keep a
             # running maximum, as TorchRL does.
-            self._max_priority = (torch.maximum(current, batch_max), current_index)
+            self._max_value.fill_(max(float(current), float(batch_max)))
             return
         touched = current_index is None or bool((index == current_index).any())
         if not touched:
             if bool(batch_max > current):
-                self._max_priority = (batch_max, batch_index)
+                self._max_value.fill_(float(batch_max))
+                self._max_index.fill_(int(batch_index))
             return
         # The item holding the maximum got a new priority: read the maximum back from the tree.
         leaves = self._tree.values()
         value, at = leaves.max(0)
         raw = (value.to(torch.float64) ** (1.0 / self._alpha) - self._eps).clamp_min(0)
-        self._max_priority = (raw, at)
+        self._max_value.fill_(float(raw))
+        self._max_index.fill_(int(at))
 
     # ------------------------------------------------------------------ sampling
     def _uniforms(self, batch_size: int) -> torch.Tensor:
@@ -451,19 +446,12 @@ class PrioritizedSampler(Sampler):
         if len(storage) == 0:
             raise EmptyBufferError(_EMPTY)
         tree = self._tree
-        if sumtree_draw_compiled_ready(tree, batch_size) and getattr(storage, "ndim", 1) == 1:
-            # The common small batch on a CPU tree: draw and weights in one compiled call (the
-            # general path below spends as long again in torch calls).
-            index, weight, total = sumtree_draw_compiled(tree, self._uniforms(batch_size), self._beta, self.stratified)
-            if not total > 0:
-                raise EmptyBufferError(_ALL_ZERO)
-            target = _storage_device(storage)
-            if target is not None and target.type != "cpu":
-                index, weight = index.to(target), weight.to(target)
-            return index, {"priority_weight": weight}
-        if tree.device.type == "cpu" and not tree.total().item() > 0:
+        if not device_path(tree.leaves, self._backend) and not tree.total().item() > 0:
+            # A read of host memory; a GPU tree records this on the device instead (check_errors).
             raise EmptyBufferError(_ALL_ZERO)
-        index, weight = sumtree_sample_weighted(tree, self._uniforms(batch_size), self._beta, stratified=self.stratified)
+        index, weight = sumtree_sample_weighted(
+            tree, self._uniforms(batch_size), self._beta, stratified=self.stratified, backend=self._backend
+        )
         target = _storage_device(storage)
         if target is not None and target != index.device:
             index, weight = index.to(target), weight.to(target)
@@ -492,7 +480,8 @@ class PrioritizedSampler(Sampler):
     # ------------------------------------------------------------------ state
     def _empty(self) -> None:
         self._tree.clear_()
-        self._max_priority = (None, None)
+        self._max_value.fill_(-math.inf)
+        self._max_index.fill_(-1)
 
     def _prefetch_state(self) -> None:
         # Sampling reads the tree and changes nothing in the sampler (the generator's state is
@@ -503,7 +492,11 @@ class PrioritizedSampler(Sampler):
         return None
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain values and CPU tensors: the exponents, the tracked maximum and the tree's leaves."""
+        """Plain values and CPU tensors: the exponents, the tracked maximum and the tree's leaves.
+
+        Raises a recorded device error first (:meth:`check_errors`).
+        """
+        self.check_errors()
         value, index = self._max_priority
         return {
             "_schema_version": self._STATE_SCHEMA_VERSION,

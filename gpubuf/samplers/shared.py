@@ -24,6 +24,7 @@ small file, which works the same for forked and spawned children. The tree lives
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import weakref
@@ -68,9 +69,6 @@ class SharedPrioritizedSampler(PrioritizedSampler):
     ) -> None:
         if device is not None and torch.device(device).type != "cpu":
             raise ValueError(f"a SharedPrioritizedSampler keeps its tree on the CPU, got device={device}")
-        # Shared slots for the tracked maximum: [has value, value] and [has index, index].
-        self._shared_max = torch.zeros(2, dtype=torch.float64).share_memory_()
-        self._shared_max_index = torch.zeros(2, dtype=torch.long).share_memory_()
         super().__init__(
             max_capacity,
             alpha,
@@ -83,7 +81,9 @@ class SharedPrioritizedSampler(PrioritizedSampler):
             stratified=stratified,
         )
         tree = self._tree
-        for tensor in (tree.leaves, tree.sums, tree.mins):
+        # The tree and the tracked maximum (value and item) in shared memory: the update
+        # kernel raises the maximum in place.
+        for tensor in (tree.leaves, tree.sums, tree.mins, self._max_value, self._max_index):
             tensor.share_memory_()
         fd, path = tempfile.mkstemp(prefix="gpubuf_priorities_", suffix=".lock")
         os.close(fd)
@@ -91,29 +91,20 @@ class SharedPrioritizedSampler(PrioritizedSampler):
         # The creating process removes the lock file when it exits.
         weakref.finalize(self._lock, _unlink_if, path, os.getpid())
 
+    #: Its tree lives in memory other processes map: a loaded state is copied into it.
+    shares_memory = True
+
     # ------------------------------------------------------------------ the maximum, in shared memory
     @property
     def _max_priority(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        has_value = bool(self._shared_max[0])
-        has_index = bool(self._shared_max_index[0])
-        return (
-            self._shared_max[1] if has_value else None,
-            self._shared_max_index[1] if has_index else None,
-        )
+        return PrioritizedSampler._max_priority.fget(self)
 
     @_max_priority.setter
-    def _max_priority(self, value: tuple[Any, Any]) -> None:
-        priority, index = value
-        if priority is None:
-            self._shared_max[0] = 0
-        else:
-            self._shared_max[1] = float(priority)
-            self._shared_max[0] = 1
-        if index is None:
-            self._shared_max_index[0] = 0
-        else:
-            self._shared_max_index[1] = int(index)
-            self._shared_max_index[0] = 1
+    def _max_priority(self, state: tuple[Any, Any]) -> None:
+        # Into the shared tensors, which every process maps (never new ones).
+        value, index = state
+        self._max_value.fill_(-math.inf if value is None else float(value))
+        self._max_index.fill_(-1 if index is None else int(index))
 
     @property
     def default_priority(self) -> float:

@@ -22,14 +22,18 @@ GATHER_ROWS = {
 
 
 # ---------------------------------------------------------------------------------------------
-# Sum tree (sumtree.py). Every program handles BLOCK entries times FANOUT children (the tree's
-# fan-out, 32 by default), so a refresh or sample program holds a [BLOCK, FANOUT] float64 tile:
-# 64 x 32 x 8 bytes = 16 KiB with num_warps=4. LEAF_BLOCK is the plain leaf scatter's width. All
-# must be powers of two; the tests size batches around them through the launchers' `block=`.
+# Sum tree (sumtree.py). The update's programs handle BLOCK entries each (the write and refresh
+# kernels hold a [BLOCK, FANOUT] tile of children: 64 x 32 x 8 bytes = 16 KiB at num_warps=4); the
+# sample's SAMPLE_BLOCK masses each. Levels of at most TOP_WHOLE nodes are rebuilt whole by the
+# update's last program, NODE_BLOCK nodes at a time (16 keeps the write kernel under 90 registers
+# on sm_90, no spills and no stack): with 2048, trees of up to 2**26 leaves update
+# in at most 3 launches. All must be powers of two; the tests size batches around them through the
+# launchers' `block=`.
 SUMTREE = {
-    "LEAF_BLOCK": 256,
-    "REFRESH_BLOCK": 64,
+    "BLOCK": 64,
     "SAMPLE_BLOCK": 64,
+    "TOP_WHOLE": 2048,
+    "NODE_BLOCK": 16,
     "num_warps": 4,
 }
 

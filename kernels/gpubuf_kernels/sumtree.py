@@ -1,22 +1,48 @@
-"""Triton kernels of the sum tree: leaf writes, per-level refresh, prefix-sum descent.
+"""Triton kernels of the sum tree: a fused, sync-free update and a fused weighted draw.
 
 The specification, layout and duplicate policy are in ``gpubuf.ops.sumtree`` (the torch twins).
 The launchers take a ``SumTree``-like object (attributes ``leaves``, ``sums``, ``mins``,
-``fanout``, ``depth``, ``level_offsets``, ``offsets_tensor()``) and mutate or read its tensors.
+``flags``, ``fanout``, ``depth``, ``level_offsets``, ``level_sizes``, ``offsets_tensor()``) and
+mutate or read its tensors. Nothing here reads a device value on the host.
 
-Update, in ``depth + 1`` launches after a torch pre-pass:
+Update, in ``2 + (levels above the leaves' parents with more than TOP_WHOLE nodes)`` launches:
+2 at 2**20 leaves, 3 from 2**21 to 2**26 (``_config.SUMTREE``), with no sort and no scratch kept
+between calls:
 
-1. torch: a stable sort of the indices; every entry but the last of a run of equal indices, and
-   every negative index, becomes ``-1`` (skipped). No host synchronisation, and the surviving
-   indices are unique, so the leaf writes never race.
-2. ``_sumtree_set_leaves_kernel``: ``leaves[index[b]] = value[b]``.
-3. ``_sumtree_refresh_kernel`` once per level, bottom-up: entry ``b`` recomputes the sum and min
-   of its leaf's ancestor on that level from the children. Several entries may share an
-   ancestor; they read the same children (written by the previous launch) and store the same
-   bits, so the result does not depend on the order programs run in.
+1. ``_sumtree_claim_kernel``, one entry per lane: loads the raw priority (or the running maximum,
+   1.0 while there is none, for new items), checks it, computes ``(p + eps) ** alpha`` in
+   float64, and checks the index against ``limit``. A bad entry is skipped and its kind OR-ed
+   into the tree's error word (``flags[0]``). A good entry stores its value in a per-call array
+   and claims its leaf: ``atomic_min`` of the mark ``-1 - b`` on the leaf's bits. Marks are
+   negative integers and leaf values are non-negative floats (non-negative as integers), so the
+   leaf ends up holding the mark of the last entry that names it (the smallest mark): last wins,
+   whatever order the programs run in. The running maximum (float64 bits, monotonic for
+   non-negative values) is raised with ``atomic_max``.
+2. ``_sumtree_write_kernel``: the entry whose mark a leaf holds (its winner) writes its value
+   there and recomputes the leaves' parent node from the row of children. A marked child is
+   read as the value its mark points to, so the row is the final one whether or not its winner
+   has written yet; of the winners of one row, only the one in the lowest marked column
+   recomputes the parent (any lower marked column is visible until its own winner writes, and
+   that one then recomputes it), so each parent is written once.
+3. ``_sumtree_refresh_kernel`` for each further level with more than ``TOP_WHOLE`` nodes: one
+   row per entry whose parent launch 2 recomputed (ancestors shared by several entries are
+   recomputed by each, from the same children: the same bits).
 
-Sampling is one launch: each program descends ``BLOCK`` masses through all levels, with a
-``tl.cumsum`` over each node's children and a prefix search ``tl.sum(cumsum <= mass)``.
+The last of these launches rebuilds the small top levels whole: every program counts itself
+out on ``flags[1]`` (``atomic_add``, acquire-release), and the last one to arrive, which then
+sees every other program's writes, recomputes the levels of at most ``TOP_WHOLE`` nodes from
+their children, top-down reads ordered by a barrier, and resets the counter.
+
+Sampling is one launch, ``_sumtree_sample_kernel``: each program descends ``BLOCK`` masses
+through all levels (a ``tl.cumsum`` over each node's children, then the twin's child rule),
+reads the leaf values and, when asked, writes the importance weights
+``(value / p_min) ** (-beta)`` with ``p_min`` the root's minimum. A tree whose total is not
+positive sets the ``empty`` bit of the error word.
+
+Powers are CUDA's ``pow`` (libdevice), the function ``torch.pow`` runs on the GPU, so the twin's
+results come out bit for bit; through the interpreter, which has no libdevice, they are
+``exp(y * log(x))`` in float64, within a few ulps of it before rounding to the leaf dtype
+(``alpha`` of 0 and 1 are exact either way).
 """
 
 from __future__ import annotations
@@ -24,80 +50,235 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from gpubuf_kernels._config import SUMTREE
-from gpubuf_kernels._launch import launch
+from gpubuf_kernels._launch import check_launch_device, device_guard, interpreter_enabled, launch
 
-__all__ = ["sumtree_sample_triton", "sumtree_update_triton", "SPECIALIZATIONS"]
+__all__ = ["ERROR_BITS", "SPECIALIZATIONS", "sumtree_sample_triton", "sumtree_update_triton"]
 
+#: Bits of the error word ``flags[0]``.
+BAD_PRIORITY = 1
+OVERFLOW = 2
+BAD_INDEX = 4
+EMPTY = 8
+ERROR_BITS = {"bad_priority": BAD_PRIORITY, "overflow": OVERFLOW, "bad_index": BAD_INDEX, "empty": EMPTY}
 
 
 @triton.jit
-def _sumtree_set_leaves_kernel(
-    leaves_ptr,  # float32 or float64 [n_leaves_padded]
-    index_ptr,  # int64 [n]: unique leaf indices, or -1 to skip
-    value_ptr,  # leaf dtype [n]
+def _pow(x, y, Y_IS_ZERO: tl.constexpr, Y_IS_ONE: tl.constexpr, LIBDEVICE: tl.constexpr):
+    """``x ** y`` in float64 for ``x >= 0`` (``0 ** y = 0`` for ``y > 0``; ``x ** 0 = 1``)."""
+    if Y_IS_ZERO:
+        return tl.full(x.shape, 1.0, tl.float64)
+    elif Y_IS_ONE:
+        return x
+    elif LIBDEVICE:
+        # CUDA's pow, the one torch.pow calls on the GPU: the twin's result bit for bit.
+        return libdevice.pow(x, y)
+    else:
+        # log(0) = -inf would give 0 too; the where keeps the interpreter from warning about it.
+        positive = x > 0.0
+        return tl.where(positive, tl.exp(tl.log(tl.where(positive, x, 1.0)) * y), 0.0)
+
+
+@triton.jit
+def _sumtree_claim_kernel(
+    leaf_bits_ptr,  # int32 (float32 leaves) or int64 (float64 leaves) [n_leaves_padded]: the leaves' bits
+    index_ptr,  # any int [n]: leaf indices, negative to skip
+    priority_ptr,  # any real [n], or [1] when ONE_PRIORITY
+    value_ptr,  # leaf dtype [n], out: the transformed priorities
+    max_bits_ptr,  # int64 [1]: bits of the float64 running maximum (-inf: none yet)
+    flags_ptr,  # int32 [2]: error word, counter
     n,
+    limit,
+    alpha,
+    eps,
+    ONE_PRIORITY: tl.constexpr,
+    FROM_MAX: tl.constexpr,
+    TRACK_MAX: tl.constexpr,
+    ALPHA_ZERO: tl.constexpr,
+    ALPHA_ONE: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     inb = offs < n
-    idx = tl.load(index_ptr + offs, mask=inb, other=-1)
-    ok = inb & (idx >= 0)
-    val = tl.load(value_ptr + offs, mask=ok, other=0.0)
-    tl.store(leaves_ptr + tl.where(ok, idx, 0), val, mask=ok)
+    idx = tl.load(index_ptr + offs, mask=inb, other=-1).to(tl.int64)
+    if FROM_MAX:
+        # New items: the running maximum, or 1.0 while it holds none.
+        current = tl.load(max_bits_ptr).to(tl.float64, bitcast=True)
+        p = tl.full([BLOCK], 1.0, tl.float64)
+        p = tl.where(current >= 0.0, current, p)
+    elif ONE_PRIORITY:
+        p = tl.full([BLOCK], 1.0, tl.float64) * tl.load(priority_ptr).to(tl.float64)
+    else:
+        p = tl.load(priority_ptr + offs, mask=inb, other=0.0).to(tl.float64)
+    # NaN fails both comparisons.
+    good_p = (p >= 0.0) & (p < float("inf"))
+    value = _pow(tl.where(good_p, p, 0.0) + eps, alpha, ALPHA_ZERO, ALPHA_ONE, LIBDEVICE).to(value_ptr.dtype.element_ty)
+    good_v = value < float("inf")
+    good_i = idx < limit
+    bad_p = inb & ~good_p
+    bad_v = inb & good_p & ~good_v
+    bad_i = inb & ~good_i
+    word = (
+        tl.max(bad_p.to(tl.int32), axis=0) * 1
+        | tl.max(bad_v.to(tl.int32), axis=0) * 2
+        | tl.max(bad_i.to(tl.int32), axis=0) * 4
+    )
+    if word != 0:
+        tl.atomic_or(flags_ptr, word)
+    ok = inb & (idx >= 0) & good_p & good_v & good_i
+    tl.store(value_ptr + offs, value, mask=ok)
+    mark = (-1 - offs).to(leaf_bits_ptr.dtype.element_ty)
+    tl.atomic_min(leaf_bits_ptr + tl.where(ok, idx, 0), mark, mask=ok)
+    if TRACK_MAX:
+        top = tl.max(tl.where(ok, p, -1.0), axis=0)
+        if top >= 0.0:
+            tl.atomic_max(max_bits_ptr, top.to(tl.int64, bitcast=True))
+
+
+@triton.jit
+def _rebuild_top(
+    sums_ptr,
+    mins_ptr,
+    offsets_ptr,  # int64 [depth + 1]
+    sizes_ptr,  # int64 [depth + 1]
+    TOP_FROM: tl.constexpr,  # levels 0 .. TOP_FROM - 1 are rebuilt whole, bottom-up
+    FANOUT: tl.constexpr,
+    NODE_BLOCK: tl.constexpr,
+):
+    cols = tl.arange(0, FANOUT)
+    for step in tl.static_range(TOP_FROM):
+        k = TOP_FROM - 1 - step
+        parent_off = tl.multiple_of(tl.load(offsets_ptr + k), FANOUT)
+        child_off = tl.multiple_of(tl.load(offsets_ptr + k + 1), FANOUT)
+        m = tl.load(sizes_ptr + k)
+        for start in range(0, m, NODE_BLOCK):
+            node = start + tl.arange(0, NODE_BLOCK)
+            live = node < m
+            child = child_off + node[:, None] * FANOUT + cols[None, :]
+            # .cg: read through L2, where the other programs' writes are.
+            s = tl.load(sums_ptr + child, mask=live[:, None], other=0.0, cache_modifier=".cg")
+            low = tl.load(mins_ptr + child, mask=live[:, None], other=float("inf"), cache_modifier=".cg")
+            tl.store(sums_ptr + parent_off + node, tl.sum(s, axis=1), mask=live)
+            tl.store(mins_ptr + parent_off + node, tl.min(low, axis=1), mask=live)
+        tl.debug_barrier()  # this level's writes, by every thread, before the next level reads them
+
+
+@triton.jit
+def _last_program_rebuilds_top(
+    sums_ptr, mins_ptr, offsets_ptr, sizes_ptr, flags_ptr,
+    TOP_FROM: tl.constexpr, FANOUT: tl.constexpr, NODE_BLOCK: tl.constexpr,
+):
+    """Counts this program out; the last one rebuilds the top levels and resets the counter."""
+    ticket = tl.atomic_add(flags_ptr + 1, 1, sem="acq_rel")
+    if ticket == tl.num_programs(0) - 1:
+        _rebuild_top(sums_ptr, mins_ptr, offsets_ptr, sizes_ptr, TOP_FROM, FANOUT, NODE_BLOCK)
+        tl.atomic_xchg(flags_ptr + 1, 0)
+
+
+@triton.jit
+def _sumtree_write_kernel(
+    leaves_ptr,  # float32 or float64 [n_leaves_padded]
+    leaf_bits_ptr,  # the same memory as int32 or int64
+    index_ptr,  # any int [n]
+    value_ptr,  # leaf dtype [n]: the claim kernel's values
+    sums_ptr,  # float64 [n_internal]
+    mins_ptr,  # float64 [n_internal]
+    rows_out_ptr,  # int64 [n], out: the parent this entry recomputed, else -1
+    offsets_ptr,  # int64 [depth + 1]
+    sizes_ptr,  # int64 [depth + 1]
+    flags_ptr,  # int32 [2]
+    n,
+    limit,
+    parent_off,  # offset of the leaves' parents in sums/mins (a multiple of FANOUT)
+    FANOUT: tl.constexpr,
+    SHIFT: tl.constexpr,  # log2(FANOUT)
+    TOP_FROM: tl.constexpr,  # > 0: this launch is the update's last; rebuild levels below it whole
+    NODE_BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    inb = offs < n
+    idx = tl.load(index_ptr + offs, mask=inb, other=-1).to(tl.int64)
+    named = inb & (idx >= 0) & (idx < limit)
+    safe = tl.where(named, idx, 0)
+    mark = (-1 - offs).to(leaf_bits_ptr.dtype.element_ty)
+    winner = named & (tl.load(leaf_bits_ptr + safe, mask=named, other=0) == mark)
+    cols = tl.arange(0, FANOUT)
+    row = safe >> SHIFT
+    child = row[:, None] * FANOUT + cols[None, :]
+    bits = tl.load(leaf_bits_ptr + child, mask=winner[:, None], other=0)
+    marked = bits < 0
+    claimed = tl.load(value_ptr + tl.where(marked, -1 - bits.to(tl.int64), 0), mask=winner[:, None] & marked, other=0.0)
+    vals = tl.where(marked, claimed, bits.to(leaves_ptr.dtype.element_ty, bitcast=True)).to(tl.float64)
+    first_marked = tl.min(tl.where(marked, cols[None, :], FANOUT), axis=1)
+    leader = winner & (first_marked == (safe & (FANOUT - 1)))
+    total = tl.sum(vals, axis=1)
+    # Zero leaves (unwritten slots) do not count toward the minimum.
+    low = tl.min(tl.where(vals > 0.0, vals, float("inf")), axis=1)
+    tl.store(sums_ptr + parent_off + row, total, mask=leader)
+    tl.store(mins_ptr + parent_off + row, low, mask=leader)
+    tl.store(leaves_ptr + safe, tl.load(value_ptr + offs, mask=winner, other=0.0), mask=winner)
+    tl.store(rows_out_ptr + offs, tl.where(leader, row, -1), mask=inb)
+    if TOP_FROM > 0:
+        _last_program_rebuilds_top(sums_ptr, mins_ptr, offsets_ptr, sizes_ptr, flags_ptr, TOP_FROM, FANOUT, NODE_BLOCK)
 
 
 @triton.jit
 def _sumtree_refresh_kernel(
-    leaves_ptr,  # float32 or float64 [n_leaves_padded]
     sums_ptr,  # float64 [n_internal]
     mins_ptr,  # float64 [n_internal]
-    index_ptr,  # int64 [n]: leaf indices, or -1 to skip
+    rows_ptr,  # int64 [n]: the leaves' parents recomputed by the write kernel, or -1
+    offsets_ptr,  # int64 [depth + 1]
+    sizes_ptr,  # int64 [depth + 1]
+    flags_ptr,  # int32 [2]
     n,
-    divisor,  # fanout ** (depth - level): leaf index // divisor = ancestor on this level
-    parent_off,  # offset of this level in sums/mins
-    child_off,  # offset of the child level in sums/mins (unused when CHILD_IS_LEAF)
+    parent_off,  # offset of this level in sums/mins (a multiple of FANOUT)
+    child_off,  # offset of the level below (a multiple of FANOUT)
+    UP: tl.constexpr,  # SHIFT * (levels from the leaves' parents up to this level)
     FANOUT: tl.constexpr,
-    CHILD_IS_LEAF: tl.constexpr,
+    TOP_FROM: tl.constexpr,
+    NODE_BLOCK: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     inb = offs < n
-    idx = tl.load(index_ptr + offs, mask=inb, other=-1)
-    ok = inb & (idx >= 0)
-    node = tl.where(ok, idx, 0) // divisor
+    below = tl.load(rows_ptr + offs, mask=inb, other=-1)
+    ok = below >= 0
+    node = tl.where(ok, below, 0) >> UP
     cols = tl.arange(0, FANOUT)
-    child = node[:, None] * FANOUT + cols[None, :]
-    mask2 = ok[:, None]
-    if CHILD_IS_LEAF:
-        vals = tl.load(leaves_ptr + child, mask=mask2, other=0.0).to(tl.float64)
-        total = tl.sum(vals, axis=1)
-        # Zero leaves (unwritten slots) do not count toward the minimum.
-        low = tl.min(tl.where(vals > 0, vals, float("inf")), axis=1)
-    else:
-        vals = tl.load(sums_ptr + child_off + child, mask=mask2, other=0.0)
-        mins = tl.load(mins_ptr + child_off + child, mask=mask2, other=float("inf"))
-        total = tl.sum(vals, axis=1)
-        low = tl.min(mins, axis=1)
-    tl.store(sums_ptr + parent_off + node, total, mask=ok)
-    tl.store(mins_ptr + parent_off + node, low, mask=ok)
+    child = child_off + node[:, None] * FANOUT + cols[None, :]
+    s = tl.load(sums_ptr + child, mask=ok[:, None], other=0.0)
+    low = tl.load(mins_ptr + child, mask=ok[:, None], other=float("inf"))
+    tl.store(sums_ptr + parent_off + node, tl.sum(s, axis=1), mask=ok)
+    tl.store(mins_ptr + parent_off + node, tl.min(low, axis=1), mask=ok)
+    if TOP_FROM > 0:
+        _last_program_rebuilds_top(sums_ptr, mins_ptr, offsets_ptr, sizes_ptr, flags_ptr, TOP_FROM, FANOUT, NODE_BLOCK)
 
 
 @triton.jit
 def _sumtree_sample_kernel(
     leaves_ptr,  # float32 or float64 [n_leaves_padded]
     sums_ptr,  # float64 [n_internal]
+    mins_ptr,  # float64 [n_internal]
     offsets_ptr,  # int64 [depth + 1]: level offsets in sums
     uniform_ptr,  # float64 [n]: draws in [0, 1)
     index_out_ptr,  # int64 [n]
     value_out_ptr,  # leaf dtype [n]
+    weight_out_ptr,  # leaf dtype [n] (unused without HAS_WEIGHTS)
+    flags_ptr,  # int32 [2]
     n,
+    beta,
     DEPTH: tl.constexpr,
     FANOUT: tl.constexpr,
     STRATIFIED: tl.constexpr,
+    HAS_WEIGHTS: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
@@ -105,6 +286,9 @@ def _sumtree_sample_kernel(
     inb = offs < n
     u = tl.load(uniform_ptr + offs, mask=inb, other=0.0)
     total = tl.load(sums_ptr)
+    if pid == 0:
+        if not (total > 0.0):
+            tl.atomic_or(flags_ptr, 8)
     if STRATIFIED:
         mass = (u + offs.to(tl.float64)) * (total / n)
     else:
@@ -117,7 +301,7 @@ def _sumtree_sample_kernel(
         if lvl == DEPTH:
             vals = tl.load(leaves_ptr + child, mask=mask2, other=0.0).to(tl.float64)
         else:
-            off = tl.load(offsets_ptr + lvl)
+            off = tl.multiple_of(tl.load(offsets_ptr + lvl), FANOUT)
             vals = tl.load(sums_ptr + off + child, mask=mask2, other=0.0)
         csum = tl.cumsum(vals, axis=1)
         first = tl.sum((csum <= mass[:, None]).to(tl.int32), axis=1)
@@ -135,6 +319,15 @@ def _sumtree_sample_kernel(
     value = tl.load(leaves_ptr + node, mask=inb, other=0.0)
     tl.store(index_out_ptr + offs, node, mask=inb)
     tl.store(value_out_ptr + offs, value, mask=inb)
+    if HAS_WEIGHTS:
+        p_min = tl.load(mins_ptr)
+        ratio = value.to(tl.float64) / p_min
+        if LIBDEVICE:
+            weight = libdevice.pow(ratio, -beta)
+        else:
+            positive = ratio > 0.0
+            weight = tl.where(positive, tl.exp(tl.log(tl.where(positive, ratio, 1.0)) * -beta), float("inf"))
+        tl.store(weight_out_ptr + offs, weight.to(weight_out_ptr.dtype.element_ty), mask=inb)
 
 
 def _check_tree(tree) -> None:
@@ -150,91 +343,150 @@ def _check_tree(tree) -> None:
             raise ValueError(f"tree.{name} must be contiguous")
     if not tree.leaves.is_contiguous():
         raise ValueError("tree.leaves must be contiguous")
+    if tree.flags.dtype != torch.int32 or tree.flags.shape != (2,) or tree.flags.device != tree.leaves.device:
+        raise TypeError("tree.flags must be an int32 tensor of shape [2] on the tree's device")
 
 
-def _last_wins_keys(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sorted indices with every duplicate but the last, and every negative, set to -1; and the sort order."""
-    sorted_index, perm = torch.sort(index, stable=True)
-    keys = sorted_index.clone()
-    if keys.numel() > 1:
-        # A stable sort keeps equal indices in call order: the last of each run is the last write.
-        keys[:-1].masked_fill_(sorted_index[1:] == sorted_index[:-1], -1)
-    keys.masked_fill_(keys < 0, -1)
-    return keys, perm
+def _geometry(tree):
+    """``(sizes tensor, first level rebuilt whole)`` of a tree, cached on it."""
+    cached = getattr(tree, "_triton_geometry", None)
+    if cached is not None and cached[0].device == tree.leaves.device:
+        return cached
+    top = SUMTREE["TOP_WHOLE"]
+    top_from = 0
+    while top_from < tree.depth - 1 and tree.level_sizes[top_from] <= top:
+        top_from += 1
+    sizes = torch.tensor(tree.level_sizes, dtype=torch.int64, device=tree.leaves.device)
+    tree._triton_geometry = (sizes, top_from)
+    return tree._triton_geometry
 
 
-def sumtree_update_triton(tree, index: torch.Tensor, values: torch.Tensor, *, block: int | None = None) -> None:
-    """Writes ``values`` to leaves ``index`` (last occurrence wins, negatives skipped) and refreshes ancestors.
+_BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
+
+
+def _libdevice() -> bool:
+    """Compiled kernels take CUDA's ``pow`` (torch's on the GPU); the interpreter, which has no
+    libdevice, ``exp(y * log(x))``, within a few ulps of it."""
+    return not interpreter_enabled()
+
+
+def sumtree_update_triton(
+    tree,
+    index: torch.Tensor,
+    priority: torch.Tensor | None,
+    *,
+    alpha: float = 1.0,
+    eps: float = 0.0,
+    limit: int | None = None,
+    max_priority: torch.Tensor | None = None,
+    block: int | None = None,
+) -> None:
+    """Writes ``(priority + eps) ** alpha`` at ``index`` (last occurrence wins, negatives skipped),
+    refreshes the ancestors and raises the running maximum, without a host synchronisation.
 
     Args:
-        tree: a ``SumTree``; ``leaves``, ``sums`` and ``mins`` are mutated in place.
-        index: ``int64 [B]`` leaf indices in ``[0, capacity)`` or negative, on the tree's device.
-        values: leaf-dtype ``[B]`` transformed priorities ``(p + eps) ** alpha``, same device.
-        block: entries per program (default: ``LEAF_BLOCK`` and ``REFRESH_BLOCK`` of
-            ``_config.SUMTREE``).
+        tree: a ``SumTree``; ``leaves``, ``sums``, ``mins`` and ``flags`` are mutated in place.
+        index: 1-D integer ``[B]`` leaf indices, negative to skip, on the tree's device.
+        priority: ``[B]`` or ``[1]`` raw priorities (any real dtype), same device; or None for
+            new items: ``max_priority``, or 1.0 while it holds none.
+        alpha, eps: the transform, finite and ``>= 0``.
+        limit: entries with an index ``>= limit`` are skipped and reported (default capacity).
+        max_priority: float64 ``[1]`` running maximum (``-inf``: none), raised in place; or None.
+        block: entries per program (default ``BLOCK`` of ``_config.SUMTREE``).
 
     Raises:
-        TypeError, ValueError: wrong dtypes, devices, shapes or layouts.
+        TypeError, ValueError: wrong dtypes, devices, shapes or layouts (checked on the host,
+        from metadata only). Bad values are recorded in ``tree.flags[0]``, never raised here.
     """
     _check_tree(tree)
     device = tree.leaves.device
-    if index.dtype != torch.int64 or index.ndim != 1:
-        raise TypeError(f"index must be a 1-D int64 tensor, got {index.dtype} of shape {list(index.shape)}")
-    if values.dtype != tree.leaves.dtype or values.shape != index.shape:
-        raise TypeError(
-            f"values must be {tree.leaves.dtype} of shape {list(index.shape)}, got {values.dtype} {list(values.shape)}"
-        )
-    if index.device != device or values.device != device:
-        raise ValueError(f"index and values must be on the tree's device {device}")
+    check_launch_device(device, "sumtree_update_triton")
+    if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool or index.ndim != 1:
+        raise TypeError(f"index must be a 1-D integer tensor, got {index.dtype} of shape {list(index.shape)}")
     n = index.numel()
+    if priority is not None:
+        if priority.dtype.is_complex or priority.dtype == torch.bool or priority.ndim != 1:
+            raise TypeError(f"priority must be a 1-D real tensor, got {priority.dtype} of shape {list(priority.shape)}")
+        if priority.numel() not in (1, n):
+            raise TypeError(f"priority must hold 1 or {n} values, got {priority.numel()}")
+        if priority.device != device:
+            raise ValueError(f"priority is on {priority.device}, the tree on {device}")
+    if max_priority is not None and (
+        max_priority.dtype != torch.float64 or max_priority.shape != (1,) or max_priority.device != device
+    ):
+        raise TypeError(f"max_priority must be a float64 tensor of shape [1] on {device}")
+    if index.device != device:
+        raise ValueError(f"index is on {index.device}, the tree on {device}")
     if n == 0:
         return
-    keys, perm = _last_wins_keys(index)
-    vals = values.index_select(0, perm)
-    leaf_block = block or SUMTREE["LEAF_BLOCK"]
-    launch(
-        _sumtree_set_leaves_kernel, (triton.cdiv(n, leaf_block),),
-        tree.leaves, keys, vals, n, BLOCK=leaf_block, num_warps=SUMTREE["num_warps"]
-    )
-    refresh_block = block or SUMTREE["REFRESH_BLOCK"]
-    grid = (triton.cdiv(n, refresh_block),)
-    divisor = 1
-    for level in range(tree.depth - 1, -1, -1):
-        divisor *= tree.fanout
-        child_is_leaf = level == tree.depth - 1
+    limit = tree.capacity if limit is None else limit
+    index = index.contiguous()
+    sizes, top_from = _geometry(tree)
+    offsets = tree.offsets_tensor()
+    bits = tree.leaves.view(_BITS[tree.leaves.dtype])
+    values = torch.empty(n, dtype=tree.leaves.dtype, device=device)
+    rows = torch.empty(n, dtype=torch.int64, device=device)
+    max_bits = (max_priority if max_priority is not None else torch.full((1,), -float("inf"), dtype=torch.float64, device=device)).view(torch.int64)
+    blk = block or SUMTREE["BLOCK"]
+    grid = (triton.cdiv(n, blk),)
+    warps = SUMTREE["num_warps"]
+    with device_guard(device):
         launch(
-            _sumtree_refresh_kernel, grid,
-            tree.leaves,
-            tree.sums,
-            tree.mins,
-            keys,
-            n,
-            divisor,
-            tree.level_offsets[level],
-            0 if child_is_leaf else tree.level_offsets[level + 1],
-            FANOUT=tree.fanout,
-            CHILD_IS_LEAF=child_is_leaf,
-            BLOCK=refresh_block,
-            num_warps=SUMTREE["num_warps"],
+            _sumtree_claim_kernel, grid,
+            bits, index, tree.leaves if priority is None else priority.contiguous(), values, max_bits, tree.flags,
+            n, limit, float(alpha), float(eps),
+            ONE_PRIORITY=priority is not None and priority.numel() == 1 and n != 1,
+            FROM_MAX=priority is None,
+            TRACK_MAX=max_priority is not None,
+            ALPHA_ZERO=alpha == 0,
+            ALPHA_ONE=alpha == 1,
+            LIBDEVICE=_libdevice(),
+            BLOCK=blk,
+            num_warps=warps,
         )
+    shift = tree.fanout.bit_length() - 1
+    leaf_parents = tree.depth - 1
+    mid = [k for k in range(leaf_parents - 1, top_from - 1, -1)]  # levels refreshed per entry above the leaves' parents
+    node_block = SUMTREE["NODE_BLOCK"]
+    with device_guard(device):
+        launch(
+            _sumtree_write_kernel, grid,
+            tree.leaves, bits, index, values, tree.sums, tree.mins, rows, offsets, sizes, tree.flags,
+            n, limit, tree.level_offsets[leaf_parents],
+            FANOUT=tree.fanout, SHIFT=shift, TOP_FROM=0 if mid else top_from, NODE_BLOCK=node_block, BLOCK=blk,
+            num_warps=warps,
+        )
+        for step, k in enumerate(mid, start=1):
+            launch(
+                _sumtree_refresh_kernel, grid,
+                tree.sums, tree.mins, rows, offsets, sizes, tree.flags,
+                n, tree.level_offsets[k], tree.level_offsets[k + 1],
+                UP=shift * step, FANOUT=tree.fanout, TOP_FROM=top_from if k == mid[-1] else 0,
+                NODE_BLOCK=node_block, BLOCK=blk, num_warps=warps,
+            )
 
 
 def sumtree_sample_triton(
-    tree, uniforms: torch.Tensor, *, stratified: bool = False, block: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Descends ``B`` masses from ``uniforms``; returns ``(int64 index [B], leaf-dtype value [B])``.
+    tree, uniforms: torch.Tensor, *, stratified: bool = False, beta: float | None = None, block: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Descends ``B`` masses from ``uniforms`` in one launch.
 
     Args:
-        tree: a ``SumTree``; only read.
-        uniforms: ``float64 [B]`` draws in ``[0, 1)`` on the tree's device, contiguous.
+        tree: a ``SumTree``; only read (but for the ``empty`` bit of ``flags[0]``).
+        uniforms: ``float64 [B]`` draws in ``[0, 1)`` on the tree's device.
         stratified: masses ``(u_b + b) * total / B`` instead of ``u_b * total``.
+        beta: when given, also the importance weights ``(value / p_min) ** (-beta)``.
         block: masses per program (default: ``SAMPLE_BLOCK`` of ``_config.SUMTREE``).
+
+    Returns:
+        ``(int64 index [B], leaf-dtype value [B], leaf-dtype weight [B] or None)``.
 
     Raises:
         TypeError, ValueError: wrong dtypes, devices, shapes or layouts.
     """
     _check_tree(tree)
     device = tree.leaves.device
+    check_launch_device(device, "sumtree_sample_triton")
     if uniforms.dtype != torch.float64 or uniforms.ndim != 1:
         raise TypeError(f"uniforms must be a 1-D float64 tensor, got {uniforms.dtype} of shape {list(uniforms.shape)}")
     if uniforms.device != device:
@@ -243,64 +495,81 @@ def sumtree_sample_triton(
     n = uniforms.numel()
     index = torch.empty(n, dtype=torch.int64, device=device)
     value = torch.empty(n, dtype=tree.leaves.dtype, device=device)
+    weight = torch.empty(n, dtype=tree.leaves.dtype, device=device) if beta is not None else None
     if n == 0:
-        return index, value
+        return index, value, weight
     blk = block or SUMTREE["SAMPLE_BLOCK"]
-    launch(
-        _sumtree_sample_kernel, (triton.cdiv(n, blk),),
-        tree.leaves,
-        tree.sums,
-        tree.offsets_tensor(),
-        uniforms,
-        index,
-        value,
-        n,
-        DEPTH=tree.depth,
-        FANOUT=tree.fanout,
-        STRATIFIED=stratified,
-        BLOCK=blk,
-        num_warps=SUMTREE["num_warps"],
-    )
-    return index, value
+    with device_guard(device):
+        launch(
+            _sumtree_sample_kernel, (triton.cdiv(n, blk),),
+            tree.leaves, tree.sums, tree.mins, tree.offsets_tensor(), uniforms, index, value,
+            value if weight is None else weight, tree.flags, n, 0.0 if beta is None else float(beta),
+            DEPTH=tree.depth, FANOUT=tree.fanout, STRATIFIED=stratified, HAS_WEIGHTS=beta is not None,
+            LIBDEVICE=_libdevice(), BLOCK=blk, num_warps=SUMTREE["num_warps"],
+        )
+    return index, value, weight
 
 
-def _leaf_type(dtype: str) -> str:
-    return "*fp32" if dtype == "fp32" else "*fp64"
+def _leaf_types(leaves: str) -> tuple[str, str]:
+    """Pointer types of the leaves and of their bits."""
+    return ("*fp32", "*i32") if leaves == "fp32" else ("*fp64", "*i64")
 
 
-#: What the launchers compile (the AOT compile check reads this): fp32 and fp64 leaves, both
-#: refresh kinds, and the draw at depth 4 (up to 1M leaves at fan-out 32) and 5, i.i.d. and
-#: stratified.
+#: What the launchers compile (the AOT compile check reads this): fp32 and fp64 leaves; the claim
+#: with one priority per entry, one for all and new items' (the running maximum); the write as the
+#: update's last launch (rebuilding the top, 3 levels at 1M leaves) or not; the refresh of a further
+#: level; the draw at depth 4 (up to 1M leaves at fan-out 32) and 5, i.i.d. and stratified, with
+#: and without weights. Indices int64, priorities float32.
 SPECIALIZATIONS = [
     {
-        "kernel": "_sumtree_set_leaves_kernel",
-        "label": leaves,
-        "signature": {"leaves_ptr": _leaf_type(leaves), "index_ptr": "*i64", "value_ptr": _leaf_type(leaves), "n": "i32"},
-        "constexprs": {"BLOCK": SUMTREE["LEAF_BLOCK"]},
+        "kernel": "_sumtree_claim_kernel",
+        "label": f"{leaves},{kind}",
+        "signature": {"leaf_bits_ptr": _leaf_types(leaves)[1], "index_ptr": "*i64", "priority_ptr": "*fp32",
+                      "value_ptr": _leaf_types(leaves)[0], "max_bits_ptr": "*i64", "flags_ptr": "*i32", "n": "i32",
+                      "limit": "i64", "alpha": "fp64", "eps": "fp64"},
+        "constexprs": {"ONE_PRIORITY": kind == "one", "FROM_MAX": kind == "new", "TRACK_MAX": True, "ALPHA_ZERO": False,
+                       "ALPHA_ONE": False, "LIBDEVICE": True, "BLOCK": SUMTREE["BLOCK"]},
         "num_warps": SUMTREE["num_warps"],
     }
     for leaves in ("fp32", "fp64")
+    for kind in ("each", "one", "new")
+] + [
+    {
+        "kernel": "_sumtree_write_kernel",
+        "label": f"{leaves},top_from={top_from}",
+        "signature": {"leaves_ptr": _leaf_types(leaves)[0], "leaf_bits_ptr": _leaf_types(leaves)[1], "index_ptr": "*i64",
+                      "value_ptr": _leaf_types(leaves)[0], "sums_ptr": "*fp64", "mins_ptr": "*fp64", "rows_out_ptr": "*i64",
+                      "offsets_ptr": "*i64", "sizes_ptr": "*i64", "flags_ptr": "*i32", "n": "i32", "limit": "i64",
+                      "parent_off": "i64"},
+        "constexprs": {"FANOUT": 32, "SHIFT": 5, "TOP_FROM": top_from, "NODE_BLOCK": SUMTREE["NODE_BLOCK"],
+                       "BLOCK": SUMTREE["BLOCK"]},
+        "num_warps": SUMTREE["num_warps"],
+    }
+    for leaves in ("fp32", "fp64")
+    for top_from in (0, 3)
 ] + [
     {
         "kernel": "_sumtree_refresh_kernel",
-        "label": f"{leaves},child_is_leaf={child_is_leaf}",
-        "signature": {"leaves_ptr": _leaf_type(leaves), "sums_ptr": "*fp64", "mins_ptr": "*fp64", "index_ptr": "*i64",
-                      "n": "i32", "divisor": "i64", "parent_off": "i64", "child_off": "i64"},
-        "constexprs": {"FANOUT": 32, "CHILD_IS_LEAF": child_is_leaf, "BLOCK": SUMTREE["REFRESH_BLOCK"]},
+        "label": "top_from=3",
+        "signature": {"sums_ptr": "*fp64", "mins_ptr": "*fp64", "rows_ptr": "*i64", "offsets_ptr": "*i64",
+                      "sizes_ptr": "*i64", "flags_ptr": "*i32", "n": "i32", "parent_off": "i64", "child_off": "i64"},
+        "constexprs": {"UP": 5, "FANOUT": 32, "TOP_FROM": 3, "NODE_BLOCK": SUMTREE["NODE_BLOCK"], "BLOCK": SUMTREE["BLOCK"]},
         "num_warps": SUMTREE["num_warps"],
     }
-    for leaves in ("fp32", "fp64")
-    for child_is_leaf in (False, True)
 ] + [
     {
         "kernel": "_sumtree_sample_kernel",
-        "label": f"{leaves},depth={depth},stratified={stratified}",
-        "signature": {"leaves_ptr": _leaf_type(leaves), "sums_ptr": "*fp64", "offsets_ptr": "*i64",
-                      "uniform_ptr": "*fp64", "index_out_ptr": "*i64", "value_out_ptr": _leaf_type(leaves), "n": "i32"},
-        "constexprs": {"DEPTH": depth, "FANOUT": 32, "STRATIFIED": stratified, "BLOCK": SUMTREE["SAMPLE_BLOCK"]},
+        "label": f"{leaves},depth={depth},stratified={stratified},weights={weights}",
+        "signature": {"leaves_ptr": _leaf_types(leaves)[0], "sums_ptr": "*fp64", "mins_ptr": "*fp64",
+                      "offsets_ptr": "*i64", "uniform_ptr": "*fp64", "index_out_ptr": "*i64",
+                      "value_out_ptr": _leaf_types(leaves)[0], "weight_out_ptr": _leaf_types(leaves)[0],
+                      "flags_ptr": "*i32", "n": "i32", "beta": "fp64"},
+        "constexprs": {"DEPTH": depth, "FANOUT": 32, "STRATIFIED": stratified, "HAS_WEIGHTS": weights, "LIBDEVICE": True,
+                       "BLOCK": SUMTREE["SAMPLE_BLOCK"]},
         "num_warps": SUMTREE["num_warps"],
     }
     for leaves in ("fp32", "fp64")
     for depth in (4, 5)
     for stratified in (False, True)
+    for weights in (False, True)
 ]

@@ -90,7 +90,6 @@ def _prioritized(backend: str):
     return rb
 
 
-@pytest.mark.xfail(strict=True, reason="the prioritized sampler does not take the device path yet (sum tree kernels)")
 def test_a_prioritized_cycle_on_the_device_path_takes_at_most_8_launches_and_no_sync():
     rb = _prioritized("triton")
     priority = torch.rand(19, generator=torch.Generator().manual_seed(4)) + 0.1
@@ -102,7 +101,6 @@ def test_a_prioritized_cycle_on_the_device_path_takes_at_most_8_launches_and_no_
     assert torch.equal(batch["index"], batch["reward"].long())
 
 
-@pytest.mark.xfail(strict=True, reason="the prioritized sampler does not take the device path yet (sum tree kernels)")
 def test_an_extend_of_a_prioritized_buffer_on_the_device_path_never_syncs():
     rb = _prioritized("triton")
     data = _rows(6, start=50)

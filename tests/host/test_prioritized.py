@@ -458,32 +458,45 @@ def test_prefetch():
 
 # ------------------------------------------------------------------------------ the compiled CPU path
 def test_cpu_batches_take_one_compiled_call_each_way(monkeypatch):
-    """A sampled batch's draw and its priority update skip the general path on a CPU tree (the
-    general functions are made to fail), with TorchRL's results: weights by the formula, the
-    running maximum for new items, last wins on duplicates."""
-    import gpubuf.samplers.prioritized as sampler_module
+    """A CPU tree's draw (with its weights) and every priority update, new items' included, are
+    one compiled call each (the twins are made to fail), with TorchRL's results: weights by the
+    formula, the running maximum for new items, last wins on duplicates."""
+    import gpubuf.ops.sumtree as ops_module
 
-    def general(*args, **kwargs):
-        raise AssertionError("the general path ran")
+    def twin(*args, **kwargs):
+        raise AssertionError("the twin ran")
 
-    rb = _buffer(n=50, capacity=64, alpha=0.7, beta=0.5)  # (new items' priority: the general path)
-    monkeypatch.setattr(sampler_module, "sumtree_update", general)
-    monkeypatch.setattr(sampler_module, "sumtree_sample_weighted", general)
+    calls = []
+    kernels = ops_module.kernel_module("cpu.sumtree")
+
+    class Counting:
+        UPDATED = kernels.UPDATED
+
+        def __getattr__(self, name):
+            def call(*args):
+                calls.append(name)
+                return getattr(kernels, name)(*args)
+
+            return call
+
+    rb = _buffer(n=50, capacity=64, alpha=0.7, beta=0.5)
+    monkeypatch.setattr(ops_module, "_apply_ref", twin)
+    monkeypatch.setattr(ops_module, "sumtree_sample_ref", twin)
+    monkeypatch.setattr(ops_module, "kernel_module", lambda name: Counting())
     priorities = torch.linspace(0.5, 3.0, 50)
     rb.update_priority(torch.arange(50), priorities)
     sample, info = rb.sample(200, return_info=True)
+    assert calls == ["update", "draw"]
     assert info["index"].dtype == torch.int64 and info["priority_weight"].dtype == torch.float32
     torch.testing.assert_close(
         info["priority_weight"].double(), _expected_weights(priorities, info["index"], 0.7, 0.5), rtol=2e-6, atol=0
     )
     rb.update_priority(torch.tensor([3, 3, 7]), torch.tensor([9.0, 2.0, 4.0]))
     assert rb.sampler.tree.values()[3].item() == pytest.approx(_leaf(2.0, 0.7).item(), rel=1e-6)
-    # One priority for all (new items get the running maximum that way) takes the general path.
-    with pytest.raises(AssertionError, match="general path"):
-        rb.extend(torch.tensor([100.0]))
-    monkeypatch.undo()
+    # New items get the running maximum through the same call.
     rb.extend(torch.tensor([100.0]))
-    assert rb.sampler.tree.values()[51].item() == pytest.approx(_leaf(9.0, 0.7).item(), rel=1e-6)  # the maximum
+    assert calls == ["update", "draw", "update", "update"]
+    assert rb.sampler.tree.values()[50].item() == pytest.approx(_leaf(9.0, 0.7).item(), rel=1e-6)  # the maximum
 
 
 # ------------------------------------------------------------------------------ bad input

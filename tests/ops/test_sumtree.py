@@ -19,14 +19,11 @@ from gpubuf.ops import sumtree as sumtree_module
 from gpubuf.ops.sumtree import (
     SumTree,
     importance_weights,
-    sumtree_draw_compiled,
-    sumtree_draw_compiled_ready,
     sumtree_rebuild,
     sumtree_sample,
     sumtree_sample_ref,
     sumtree_sample_weighted,
     sumtree_update,
-    sumtree_update_compiled,
     sumtree_update_ref,
     transform_priority,
 )
@@ -182,8 +179,7 @@ def test_transform(dtype):
 
 @pytest.mark.parametrize("which", ["twin", "torch", "numba"])
 def test_update_work_is_local(which):
-    """A batched update rewrites the paths of the leaves written. The torch CPU path also
-    rebuilds whole a level with few nodes per written leaf, which costs no more than its paths."""
+    """A batched update rewrites the paths of the leaves written, and nothing else, on every path."""
     tree = SumTree(4096, fanout=8)
     sumtree_update(tree, torch.arange(4096), torch.ones(4096))
     # Corrupt every internal node, then update two leaves: only the nodes rewritten lose the mark.
@@ -193,11 +189,28 @@ def test_update_work_is_local(which):
     else:
         sumtree_update(tree, torch.tensor([0, 4095]), torch.tensor([2.0, 3.0]), backend=which)
     written = [int((tree.level(k) != -1.0).sum()) for k in range(tree.depth)]
-    if which != "torch":
-        assert written == [1, 2, 2, 2]  # two paths sharing the root
+    assert written == [1, 2, 2, 2]  # two paths sharing the root
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_update_refreshes_each_ancestor_of_a_large_batch(dense, monkeypatch):
+    """The compiled update dedupes a level's ancestors with a byte per node or with a hash set
+    sized for the batch (whichever the level's size calls for): contiguous runs, repeats far
+    apart and random indices all leave exactly the twin's tree."""
+    if dense:
+        capacity, b = 5000, 3000
     else:
-        whole = sumtree_module._WHOLE_NODES_PER_LEAF * 2
-        assert written == [m if m <= whole else 2 for m in tree.level_sizes[:-1]]
+        capacity, b = 2**16, 600
+    gen = torch.Generator().manual_seed(capacity)
+    fast, twin = SumTree(capacity, fanout=4), SumTree(capacity, fanout=4)
+    for step in range(3):
+        index = torch.randint(-1, capacity, (b,), generator=gen)
+        index[: b // 3] = torch.arange(b // 3) + step * 7  # a contiguous run
+        index[b // 3 :: 5] = index[b // 3]  # one index again and again, far apart
+        priority = torch.rand(b, generator=gen, dtype=torch.float64)
+        sumtree_update(fast, index, priority, alpha=0.5, backend="numba")
+        sumtree_update_ref(twin, index, priority, alpha=0.5)
+        assert _same(fast, twin), f"step {step}"
 
 
 # ------------------------------------------------------------------------------ min
@@ -403,9 +416,9 @@ def test_ref_twin_is_the_cpu_path():
 
 
 # ------------------------------------------------------------------------------ CPU paths
-# CPU trees run the compiled kernels (gpubuf_kernels.cpu.sumtree, with Numba) or a torch path
-# of their own (gpubuf.ops.sumtree, "CPU fast path"); the twins are their specification, so
-# every tensor either produces must equal the twin's bit for bit.
+# CPU trees run the compiled kernels (gpubuf_kernels.cpu.sumtree, Numba) or the twins; the twins
+# are the kernels' specification, so every tensor the kernels produce must equal the twin's bit for
+# bit ("torch" runs the twins themselves through the op's checks).
 
 
 @pytest.fixture(params=["torch", "numba"])
@@ -415,14 +428,10 @@ def cpu_backend(request):
 
 @pytest.fixture(params=["default", "tiny"])
 def cpu_thresholds(request, monkeypatch):
-    """The fast path's size thresholds as shipped, or shrunk so that small trees take every branch:
-    whole-level rebuilds, prefix tables, draws sorted by mass, several chunks."""
+    """The draw's size threshold as shipped, or shrunk so that small batches also descend in
+    increasing order of mass."""
     if request.param == "tiny":
-        monkeypatch.setattr(sumtree_module, "_DESCENT_CHUNK", 7)
-        monkeypatch.setattr(sumtree_module, "_SORT_MIN_DRAWS", 5)
-        monkeypatch.setattr(sumtree_module, "_KERNEL_SORT_MIN_DRAWS", 5)
-        monkeypatch.setattr(sumtree_module, "_TABLE_DRAWS_PER_ROW", 1)
-        monkeypatch.setattr(sumtree_module, "_WHOLE_NODES_PER_LEAF", 1)
+        monkeypatch.setattr(sumtree_module, "_SORTED_DRAWS", 5)
     return request.param
 
 
@@ -510,7 +519,7 @@ def test_level_by_level_descent_equals_twin(dtype, b, stratified):
     """Batches below the sorting threshold descend level by level (prefix tables on the upper
     levels from 256 draws, prefetch passes, scans without branches): the twin's draws exactly,
     on a tree with zero leaves and a padded last row."""
-    assert b < sumtree_module._KERNEL_SORT_MIN_DRAWS
+    assert b < sumtree_module._SORTED_DRAWS
     gen = torch.Generator().manual_seed(b)
     capacity = 2**15 + 77
     tree = SumTree(capacity, dtype=dtype)
@@ -525,41 +534,53 @@ def test_level_by_level_descent_equals_twin(dtype, b, stratified):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_compiled_draw_equals_sample_and_weights(dtype):
+@pytest.mark.parametrize("b", [300, 4096])
+def test_weighted_draw_equals_sample_and_weights(dtype, b):
+    """The weighted draw is one compiled call on a CPU tree: the twin's indices, and the weights
+    by the formula (the C library's pow against torch.pow: the same to an ulp of float64)."""
     gen = torch.Generator().manual_seed(5)
     tree = SumTree(5000, dtype=dtype)
     sumtree_update(tree, torch.arange(5000), torch.rand(5000, generator=gen) + 0.01, alpha=0.6, eps=1e-8)
-    u = torch.rand(300, generator=gen, dtype=torch.float64)
-    assert sumtree_draw_compiled_ready(tree, 300) and not sumtree_draw_compiled_ready(tree, 4096)
-    index, weight, total = sumtree_draw_compiled(tree, u, 0.8, False)
+    u = torch.rand(b, generator=gen, dtype=torch.float64)
+    index, weight = sumtree_sample_weighted(tree, u, 0.8, backend="numba")
     want_index, want_value = sumtree_sample_ref(tree, u)
-    assert torch.equal(index, want_index) and weight.dtype == dtype and total == tree.total().item()
-    # The C library's pow against torch.pow: the same to an ulp of float64, before rounding.
+    assert torch.equal(index, want_index) and weight.dtype == dtype
     rtol = 1e-6 if dtype == torch.float32 else 1e-15
     torch.testing.assert_close(weight, importance_weights(want_value, tree.min(), 0.8), rtol=rtol, atol=0)
-    assert torch.equal(sumtree_sample_weighted(tree, u, 0.8)[0], want_index)
-    # Nothing to draw from: the total says so (the sampler raises on it).
-    assert sumtree_draw_compiled(SumTree(10, dtype=dtype), u[:4], 0.8, False)[2] == 0.0
+    twin_index, twin_weight = sumtree_sample_weighted(tree, u, 0.8, backend="torch")
+    assert torch.equal(twin_index, want_index) and torch.equal(twin_weight, importance_weights(want_value, tree.min(), 0.8))
+    # Nothing to draw from: the twin's answer (index 0, the sampler raises before drawing).
+    empty = sumtree_sample_weighted(SumTree(10, dtype=dtype), u[:4], 0.8, backend="numba")
+    assert torch.equal(empty[0], torch.zeros(4, dtype=torch.int64))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_compiled_update_equals_twin_up_to_the_transform(dtype):
-    """The sampler's one-call update computes (p + eps) ** alpha with the C library's pow: leaves
-    within an ulp of the twin's, internal nodes exactly the twin's rebuild of those leaves."""
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_update_tracks_the_running_maximum(dtype, backend):
+    """The update raises a running maximum of the raw priorities given to non-negative indices, in
+    place, on every path; None as the priority gives the items that maximum (1.0 before any)."""
     gen = torch.Generator().manual_seed(11)
     capacity = 3000
     fast, twin = SumTree(capacity, dtype=dtype, fanout=8), SumTree(capacity, dtype=dtype, fanout=8)
+    running = torch.full((1,), -math.inf, dtype=torch.float64)
+    slot = running.data_ptr()
+    sumtree_update(fast, torch.tensor([5]), None, max_priority=running, backend=backend)
+    assert fast.values()[5].item() == 1.0 and running.item() == 1.0
+    sumtree_update_ref(twin, torch.tensor([5]), torch.tensor([1.0]))
+    expected = 1.0
     for step in range(6):
         b = [1, 7, 256, 900, 256, 3000][step]
         index = torch.randint(-1 if step % 2 else 0, capacity, (b,), generator=gen)
         priority = _priorities(0, b, gen).to(torch.float32 if step % 3 == 0 else torch.float64)
-        batch_max = sumtree_update_compiled(fast, index, priority, 0.7, 1e-8, capacity)
+        sumtree_update(fast, index, priority, alpha=0.7, eps=1e-8, max_priority=running, backend=backend)
         sumtree_update_ref(twin, index, priority, alpha=0.7, eps=1e-8)
         valid = index >= 0
-        assert batch_max == (priority.double()[valid].max().item() if bool(valid.any()) else -math.inf)
-        torch.testing.assert_close(fast.leaves, twin.leaves, rtol=2.0**-52 if dtype == torch.float64 else 2.0**-23, atol=0)
-        rebuilt = sumtree_rebuild(fast.clone())
-        assert torch.equal(fast.sums, rebuilt.sums) and torch.equal(fast.mins, rebuilt.mins), f"step {step}"
+        if bool(valid.any()):
+            expected = max(expected, priority.double()[valid].max().item())
+        assert running.item() == expected and running.data_ptr() == slot
+        assert _same(fast, twin), f"step {step}"
+    sumtree_update(fast, torch.tensor([9]), None, alpha=0.7, eps=1e-8, max_priority=running, backend=backend)
+    assert fast.values()[9].item() == transform_priority(torch.tensor([expected], dtype=torch.float64), 0.7, 1e-8, dtype).item()
 
 
 @pytest.mark.parametrize(
@@ -575,9 +596,10 @@ def test_compiled_update_equals_twin_up_to_the_transform(dtype):
 def test_compiled_update_rejects_bad_input_and_changes_nothing(index, priority, error, match):
     tree = _filled()
     before = tree.clone()
+    running = torch.tensor([3.0], dtype=torch.float64)
     with pytest.raises(error, match=match):
-        sumtree_update_compiled(tree, index, priority, 2.0, 0.0, 40)
-    assert _same(tree, before)
+        sumtree_update(tree, index, priority, alpha=2.0, eps=0.0, limit=40, max_priority=running, backend="numba")
+    assert _same(tree, before) and running.item() == 3.0
 
 
 # ------------------------------------------------------------------------------ bad input

@@ -2,8 +2,7 @@
 
 A CPU sum-tree update or descent of a few hundred entries is dozens of small torch calls, each
 a few microseconds of dispatch around well under a microsecond of work; TorchRL runs these in
-C++. The kernels here are the same loops compiled with Numba (optional: ``pip install
-gpubuf[cpu]``). They return what the twins return, bit for bit, and the twins stay the
+C++. The kernels here are the same loops compiled with Numba (a dependency of gpubuf). They return what the twins return, bit for bit, and the twins stay the
 specification, the fallback where Numba is missing, and the test oracle.
 
 The row decode and encode of the codec (:mod:`.codec`, :mod:`.encoder`) are here for another

@@ -6,6 +6,10 @@ bytes; as one wide store it costs an instruction or two. Numba has no unaligned 
 access on a ``uint8`` array, so these intrinsics emit it (``align=1``: x86 and AArch64 load and
 store unaligned words at full speed; LLVM splits a 32-byte vector where registers are narrower).
 
+Against the same functions written as plain Numba loops over bytes
+(``benchmarks/words_side_by_side.py``, 2-core CPU, one process): the row encoder 2.7 to 4.5 times and the
+row decoder 7 to 10 times faster with these.
+
 No bounds are checked: callers guarantee that every byte touched lies inside the array.
 
 Numba's on-disk cache keys a compiled function on its own file only: after changing an

@@ -10,10 +10,9 @@ step, so the results are equal bit for bit:
   a CPU row), its minimum the smallest positive child (``+inf`` when none);
 * the descent applies the twin's full child rule at every level.
 
-Two numbers come from the C library's ``pow`` where the twins use ``torch.pow`` (the two agree
-to an ulp of ``float64``, before rounding): the importance weights of :func:`draw`, and the
-transforms of :func:`update_checked` when it is asked to compute them. Every other result is
-the twins' bit for bit, and internal nodes are always recomputed from the leaves.
+One number comes from the C library's ``pow`` where the twins use ``torch.pow`` (the two agree
+to an ulp of ``float64``, before rounding): the importance weights of :func:`draw`. Every other
+result is the twins' bit for bit, and internal nodes are always recomputed from the leaves.
 
 No ``fastmath``: it would let LLVM reorder the additions, and the sums would stop matching.
 """
@@ -33,90 +32,74 @@ def weights(values, p_min, beta, out):  # pragma: no cover - compiled
         out[b] = (np.float64(values[b]) / p_min) ** (-beta)
 
 
-#: Status codes of :func:`update_checked`; nothing is written unless it returns ``UPDATED``.
+#: Status codes of :func:`update`; nothing is written unless it returns ``UPDATED``.
 UPDATED = 0
 BAD_PRIORITY = 1
 OVERFLOW = 2
 BAD_INDEX = 3
 
+#: A level is deduplicated with a byte per node (allocated per call) when it has at most this many
+#: nodes per queued entry, else with a hash set sized for the entries: both cost O(entries).
+DENSE_NODES_PER_ENTRY = 8
+
 
 @njit(cache=True, nogil=True)
-def update_checked(leaves, sums, mins, offsets, sizes, shift, index, priority, values, alpha, eps, limit, marks):  # pragma: no cover
-    """A whole priority update in one call: check, write the leaves, refresh the ancestors.
+def update(leaves, sums, mins, offsets, sizes, shift, index, priority, values, limit, max_priority):  # pragma: no cover
+    """A whole priority update in one call: check, write the leaves, refresh the ancestors, track the maximum.
 
-    Every check runs before the first write, so a failed call changes nothing.
+    Every check runs before the first write, so a failed call changes nothing. The work is
+    ``O(B * F * depth)`` at any capacity: each distinct ancestor of a written leaf is recomputed
+    once from its children, and the only scratch is allocated for the call and sized by ``B``
+    (contiguous writes touch contiguous parents, so a fill costs what its rows cost).
 
     Args:
-        leaves, sums, mins, offsets, sizes, shift, marks: as in :func:`update`.
+        leaves, sums, mins: the tree, mutated.
+        offsets, sizes: the tree's geometry (int64): level offsets in ``sums``/``mins`` and
+            ``m_0 .. m_D``.
+        shift: ``log2(fanout)``.
         index: ``[B]`` integer leaf indices; negative ones are skipped.
-        priority: ``[B]`` or ``[1]`` raw priorities, any real dtype (checked, and their
-            largest reported).
-        values: their transforms ``(p + eps) ** alpha`` in the leaf dtype, as written; or an
-            empty array, and the kernel computes them with the C library's ``pow`` from
-            ``alpha`` and ``eps`` (no torch calls, which at B = 256 cost about as much as the
-            update; within an ulp of ``torch.pow``'s ``float64`` result, before rounding).
-        alpha, eps: the transform, used when ``values`` is empty.
+        priority: ``[B]`` or ``[1]`` raw priorities, any real dtype (checked, and their largest
+            tracked).
+        values: their transforms ``(p + eps) ** alpha`` in the leaf dtype, ``[B]`` or ``[1]``.
         limit: every index must be below it.
+        max_priority: float64 ``[1]``, the running maximum of the raw priorities given to a
+            non-negative index; raised in place to this batch's largest.
 
     Returns:
-        ``(status, batch_max, touched)``: :data:`UPDATED` or the first failed check
-        (:data:`BAD_PRIORITY` for a NaN, infinite or negative priority, :data:`OVERFLOW` for a
-        transform past the leaf dtype, :data:`BAD_INDEX` for an index ``>= limit``); the largest
-        priority (float64) given to a non-negative index, ``-inf`` when there is none; and
-        :func:`update`'s meaningless sum of prefetching loads.
+        ``(status, touched)``: :data:`UPDATED`, or the first failed check: :data:`BAD_PRIORITY` (a NaN, infinite or
+        negative priority), :data:`OVERFLOW` (a transform past the leaf dtype),
+        :data:`BAD_INDEX` (an index ``>= limit``); and :func:`_refresh_ancestors`'s meaningless
+        sum of prefetching loads.
     """
     n = priority.shape[0]
     for b in range(n):
         p = np.float64(priority[b])
         # NaN fails both comparisons.
         if not (p >= 0.0 and p < _INF):
-            return BAD_PRIORITY, -_INF, 0.0
-    if values.shape[0] == 0:
-        values = np.empty(n, leaves.dtype)
-        for b in range(n):
-            values[b] = (np.float64(priority[b]) + eps) ** alpha
+            return BAD_PRIORITY, 0.0
     for b in range(values.shape[0]):
         if not (values[b] < _INF):
-            return OVERFLOW, -_INF, 0.0
+            return OVERFLOW, 0.0
     one_value = n == 1
     batch_max = -_INF
     for b in range(index.shape[0]):
         i = index[b]
         if i >= limit:
-            return BAD_INDEX, -_INF, 0.0
+            return BAD_INDEX, 0.0
         if i >= 0:
             p = np.float64(priority[0] if one_value else priority[b])
             if p > batch_max:
                 batch_max = p
-    touched = update(leaves, sums, mins, offsets, sizes, shift, index, values, marks)
-    return UPDATED, batch_max, touched
-
-
-@njit(cache=True, nogil=True)
-def update(leaves, sums, mins, offsets, sizes, shift, index, values, marks):  # pragma: no cover - compiled
-    """Writes ``values`` at ``index`` in call order, then recomputes every ancestor once.
-
-    Writing in call order is the last-wins rule. Negative indices are skipped. ``marks``
-    (uint8, one per internal entry, all zero) flags the nodes already queued at a level; every
-    flag set is cleared again before returning.
-
-    Args:
-        leaves, sums, mins: the tree, mutated.
-        offsets, sizes: the tree's geometry (int64).
-        shift: ``log2(fanout)``.
-        index: int64 ``[B]`` in ``[0, capacity)`` or negative.
-        values: ``[B]`` or ``[1]`` (one for all), the leaf dtype.
-        marks: uint8 scratch ``[len(sums)]``, zero on entry and on return.
-
-    Returns:
-        :func:`_refresh_ancestors`'s sum of prefetching loads (meaningless; see there).
-    """
+    if batch_max > max_priority[0]:
+        max_priority[0] = batch_max
+    # Writing in call order is the last-wins rule.
     one_value = values.shape[0] == 1
     for b in range(index.shape[0]):
         i = index[b]
         if i >= 0:
             leaves[i] = values[0] if one_value else values[b]
-    return _refresh_ancestors(leaves, sums, mins, offsets, sizes, shift, index, marks)
+    touched = _refresh_ancestors(leaves, sums, mins, offsets, sizes, shift, index)
+    return UPDATED, touched
 
 
 @njit(inline="always")
@@ -157,31 +140,72 @@ def _node_rows(sums, mins, ra, rb, fanout):  # pragma: no cover - compiled
     return ta, sa, tb, sb
 
 
+@njit(inline="always")
+def _queue_parents(nodes, count, shift, level_size):  # pragma: no cover - compiled
+    """Replaces ``nodes[:count]`` (entries of the level below, possibly repeated) by their
+    distinct parents, in first-seen order; returns how many.
+
+    A parent equal to the previous one (contiguous writes) is dropped at once; the others are
+    checked against a byte per node of the parent level when it is small next to the batch,
+    else against an open-addressing hash set of about ``2 * count`` slots. Both are allocated
+    here, so nothing of the capacity's size outlives the call.
+    """
+    queued = 0
+    last = -1
+    if level_size <= DENSE_NODES_PER_ENTRY * count:
+        seen = np.zeros(level_size, np.uint8)
+        for c in range(count):
+            j = nodes[c] >> shift
+            if j != last:
+                last = j
+                if seen[j] == 0:
+                    seen[j] = 1
+                    nodes[queued] = j  # queued <= c: overwrites an entry already read
+                    queued += 1
+        return queued
+    bits = 1
+    while (1 << bits) < 2 * count:
+        bits += 1
+    mask = (1 << bits) - 1
+    table = np.full(1 << bits, -1, np.int64)
+    for c in range(count):
+        j = nodes[c] >> shift
+        if j != last:
+            last = j
+            # Fibonacci hashing: the top bits of the product spread neighbouring nodes apart.
+            h = np.int64((np.uint64(j) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(64 - bits))
+            while True:
+                slot = table[h]
+                if slot == j:
+                    break
+                if slot == -1:
+                    table[h] = j
+                    nodes[queued] = j
+                    queued += 1
+                    break
+                h = (h + 1) & mask
+    return queued
+
+
 @njit(cache=True, nogil=True)
-def _refresh_ancestors(leaves, sums, mins, offsets, sizes, shift, index, marks):  # pragma: no cover - compiled
+def _refresh_ancestors(leaves, sums, mins, offsets, sizes, shift, index):  # pragma: no cover - compiled
     """Recomputes, once each, every ancestor of the non-negative entries of ``index``.
 
-    Returns the sum of the prefetching loads (``+inf`` or anything: only returned, up to the
-    caller of the compiled call, so that the compiler keeps the loads).
+    Returns the sum of the prefetching loads (meaningless, only returned so that the compiler
+    keeps the loads).
     """
-    n = index.shape[0]
     fanout = 1 << shift
     depth = sizes.shape[0] - 1
-    # Level by level from the leaves' parents up: queue each distinct parent once.
-    nodes = np.empty(n, np.int64)
-    k = depth - 1
-    base = offsets[k]
+    nodes = np.empty(index.shape[0], np.int64)
     count = 0
-    for b in range(n):
-        i = index[b]
-        if i >= 0:
-            j = i >> shift
-            if marks[base + j] == 0:
-                marks[base + j] = 1
-                nodes[count] = j
-                count += 1
+    for b in range(index.shape[0]):
+        if index[b] >= 0:
+            nodes[count] = index[b]
+            count += 1
     touched = 0.0
-    while True:
+    for k in range(depth - 1, -1, -1):
+        count = _queue_parents(nodes, count, shift, sizes[k])
+        base = offsets[k]
         # One load per cache line of the rows this level reads, before any is summed: the loads
         # are independent, so their misses overlap (about 0.8 times the time on 2**20 leaves and
         # 256 random indices, measured side by side), where the sums wait on each row in turn.
@@ -202,9 +226,8 @@ def _refresh_ancestors(leaves, sums, mins, offsets, sizes, shift, index, marks):
         src = np.uint64(0 if k == depth - 1 else offsets[k + 1])
         c = 0
         while c < count:
-            pair = c + 1 < count
             ja = nodes[c]
-            jb = nodes[c + 1] if pair else ja
+            jb = nodes[c + 1] if c + 1 < count else ja
             ra = src + np.uint64(ja * fanout)
             rb = src + np.uint64(jb * fanout)
             if k == depth - 1:
@@ -213,23 +236,10 @@ def _refresh_ancestors(leaves, sums, mins, offsets, sizes, shift, index, marks):
                 ta, sa, tb, sb = _node_rows(sums, mins, ra, rb, fanout)
             sums[base + ja] = ta
             mins[base + ja] = sa
-            marks[base + ja] = 0
             sums[base + jb] = tb
             mins[base + jb] = sb
-            marks[base + jb] = 0
             c += 2
-        if k == 0:
-            return touched
-        k -= 1
-        base = offsets[k]
-        queued = 0
-        for c in range(count):
-            j = nodes[c] >> shift
-            if marks[base + j] == 0:
-                marks[base + j] = 1
-                nodes[queued] = j  # queued <= c: overwrites an entry already read
-                queued += 1
-        count = queued
+    return touched
 
 
 #: A level's prefix sums are computed once per call, into a table, when the batch has at least
@@ -527,18 +537,60 @@ def descend(leaves, sums, offsets, sizes, shift, uniforms, stratified, out_index
 
 
 @njit(cache=True, nogil=True)
-def draw(leaves, sums, mins, offsets, sizes, shift, uniforms, stratified, beta):  # pragma: no cover - compiled
-    """A small batch's whole draw in one call: :func:`descend`, then the importance weights.
+def draw(leaves, sums, mins, offsets, sizes, shift, uniforms, stratified, in_mass_order, order, beta, out_index, out_value, out_weight):  # pragma: no cover
+    """A whole draw in one call: the descent, then (when asked) the importance weights.
+
+    Args:
+        leaves, sums, mins, offsets, sizes, shift: the tree (only read).
+        uniforms: float64 ``[B]`` draws in ``[0, 1)``.
+        stratified: masses ``(u_b + b) * total / B`` instead of ``u_b * total``.
+        in_mass_order: descend the draws one by one in increasing order of mass with
+            :func:`sample` (large batches: consecutive descents share rows), else level by level
+            with :func:`descend` (small batches).
+        order: int64 ``[B]``, the order to descend the draws in with :func:`sample`, or ``[0]``:
+            stratified masses come in increasing order already, and i.i.d. ones are put in
+            order of their bucket of ``B`` equal slices of ``[0, 1)`` (:func:`_bucket_order`).
+        beta: the importance exponent.
+        out_index: int64 ``[B]``, receives the leaf indices.
+        out_value: ``[B]`` in the leaf dtype, receives the leaf values.
+        out_weight: ``[B]`` in the leaf dtype, receives ``(value_b / p_min) ** (-beta)`` with
+            ``p_min`` the root's minimum (the C library's ``pow``: within an ulp of
+            ``torch.pow``'s float64 result, before rounding); or ``[0]`` for no weights.
 
     Returns:
-        ``(index, weight, touched)``: int64 ``[B]`` leaf indices; their weights
-        ``(value / p_min) ** (-beta)`` in the leaf dtype, ``p_min`` the root's minimum (as
-        :func:`weights`); and :func:`descend`'s meaningless sum of prefetching loads.
+        :func:`descend`'s meaningless sum of prefetching loads (``0.0`` after :func:`sample`).
+    """
+    touched = 0.0
+    if in_mass_order:
+        if order.shape[0] == 0 and not stratified:
+            order = _bucket_order(uniforms)
+        sample(leaves, sums, offsets, sizes, shift, uniforms, stratified, order, out_index, out_value)
+    else:
+        touched = descend(leaves, sums, offsets, sizes, shift, uniforms, stratified, out_index, out_value)
+    if out_weight.shape[0]:
+        weights(out_value, mins[0], beta, out_weight)
+    return touched
+
+
+@njit(cache=True, nogil=True)
+def _bucket_order(uniforms):  # pragma: no cover - compiled
+    """The draws in order of their bucket ``floor(u * B)``, stably: a counting sort, ``O(B)``.
+
+    Nearly increasing masses are all :func:`sample` needs: a draw resumes the previous draw's
+    scan only when its mass is at least as large, so any order gives the same results, and
+    draws of one bucket (about one each) read the same rows as their neighbours. No torch sort:
+    on a busy 2-core machine a parallel sort stalls waiting for its second thread.
     """
     n = uniforms.shape[0]
-    index = np.empty(n, np.int64)
-    value = np.empty(n, leaves.dtype)
-    touched = descend(leaves, sums, offsets, sizes, shift, uniforms, stratified, index, value)
-    weight = np.empty(n, leaves.dtype)
-    weights(value, mins[0], beta, weight)
-    return index, weight, touched
+    start = np.zeros(n + 1, np.int64)
+    for b in range(n):
+        k = min(np.int64(uniforms[b] * n), n - 1)
+        start[k + 1] += 1
+    for k in range(n):
+        start[k + 1] += start[k]
+    order = np.empty(n, np.int64)
+    for b in range(n):
+        k = min(np.int64(uniforms[b] * n), n - 1)
+        order[start[k]] = b
+        start[k] += 1
+    return order
