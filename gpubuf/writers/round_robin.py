@@ -148,7 +148,9 @@ class TensorDictRoundRobinWriter(RoundRobinWriter):
         n = batch_length(data)
         if n == 0:
             raise SchemaMismatchError("cannot extend with an empty batch: expected at least one item")
-        placeholder = torch.zeros(data.batch_size, dtype=torch.long, device=data.device)
+        # The storage writes each row's own index in place of the placeholder's values, which
+        # are never read: uninitialised memory, so its pages are never touched.
+        placeholder = torch.empty(data.batch_size, dtype=torch.long, device=data.device)
         with _index_entry(data, placeholder) as entry:
             start = self._storage._append_rows(data, index_key=entry.key)
         cap0 = self._storage._max_size_along_dim0(batched_data=data)
