@@ -142,7 +142,7 @@ def test_same_size_other_dtype_or_shape_is_refused_by_the_layout(ckpt, target):
     leaves = meta["components"]["storage"]["state"]["layout"]["leaves"]
     i = next(i for i, leaf in enumerate(leaves) if leaf["dtype"] == "float32")
     entry = meta["arrays"][f"storage/leaf_{i}"]
-    entry["dtype"] = "int32"  # same size: the files table and CRC still agree
+    entry["dtype"] = "int32"  # same size: the files table and checksum still agree
     _write_meta(ckpt, meta)
     _fails(target, ckpt, CheckpointCorruptError)
     entry["dtype"] = "float32"

@@ -127,8 +127,9 @@ def _timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def _median(fn: Callable[[], Any], repeat: int) -> float:
-    fn()  # the first call pays for lazy set-up (allocator, kernels): not timed
+def _median(fn: Callable[[], Any], repeat: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()  # the first calls pay for lazy set-up (allocator, caches, TorchRL's first draws): not timed
     return statistics.median(_timed(fn) for _ in range(repeat))
 
 
