@@ -412,9 +412,11 @@ def _map_private(fd: int, nbytes: int) -> torch.Tensor:
     """A copy-on-write mapping of the first ``nbytes`` of ``fd`` as a ``uint8`` tensor (it keeps
     the mapping alive; writes to it never reach the file)."""
     block = mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    if hasattr(mmap, "MADV_SEQUENTIAL"):
+    # Read ahead of the hash. (Not MADV_SEQUENTIAL: it lets the kernel drop the pages right
+    # behind the hash, and the copy that follows would read them from disk again.)
+    if hasattr(mmap, "MADV_WILLNEED"):
         try:
-            block.madvise(mmap.MADV_SEQUENTIAL)
+            block.madvise(mmap.MADV_WILLNEED)
         except OSError:
             pass  # advice only
     return torch.frombuffer(block, dtype=torch.uint8, count=nbytes)

@@ -608,12 +608,19 @@ class LazyMemmapStorage(LazyTensorStorage):
 
     def _copy_rows(self, first: int, skip: int, count: int, leaves: list[torch.Tensor]) -> None:
         """Copies ``count`` batch rows from ``skip`` on into dim-0 rows ``first, ...`` (wrapping
-        once), with ``pwrite`` into the files where a leaf's rows are contiguous host memory
-        (see :func:`~gpubuf.storages._memmap_files.write_rows`), through the mapping otherwise."""
+        once).
+
+        Rows written before (a wrap-around extend) are overwritten with ``pwrite`` where a leaf's
+        rows are contiguous host memory (see :func:`~gpubuf.storages._memmap_files.write_rows`);
+        rows written for the first time go through the mapping: there a ``pwrite`` into the
+        file's preallocated blocks measured 2x to 3x slower than the mapping's page faults (ext4,
+        1M rows of 48 B and 277 B), while over written rows it was 1.3x to 5x faster.
+        """
         handles = self._files
         if handles is None or len(handles) != len(self._leaves):
             return super()._copy_rows(first, skip, count, leaves)
         head = min(count, self._capacity_along_dim0 - first)
+        filled = self._len_along_dim0
         parts = [(first, skip, head), (0, skip + head, count - head)]
         for store, leaf, handle in zip(self._leaves, leaves, handles):
             for row, at, n in parts:
@@ -621,7 +628,8 @@ class LazyMemmapStorage(LazyTensorStorage):
                     continue
                 rows = leaf[at : at + n]
                 written = False
-                if rows.dtype == store.dtype and rows.shape[1:] == store.shape[1:] and handle.fd >= 0:
+                overwrite = row + n <= filled
+                if overwrite and rows.dtype == store.dtype and rows.shape[1:] == store.shape[1:] and handle.fd >= 0:
                     try:
                         written = files.write_rows(handle.fd, row * handle.row_bytes, rows)
                     except OSError as err:

@@ -64,6 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     scale.add_argument("--repeat", type=int, default=7, help="timed calls of a sample / update / cycle (median kept)")
     scale.add_argument("--prioritized-max", default="16M", help="largest N of the prioritized rows (default: 16M)")
     scale.add_argument("--ckpt-tensor-max", default="16M", help="largest N of the in-memory checkpoint round trip")
+    scale.add_argument("--ckpt-repeat", type=int, default=1, help="round trips per checkpoint measurement (medians)")
     scale.add_argument("--scratch", help="directory for memmap files and checkpoints (default: the temp dir)")
     parser.set_defaults(func=run)
     return parser
@@ -91,19 +92,20 @@ def run_scale(args: argparse.Namespace) -> int:
             prioritized_max=scale.parse_size(args.prioritized_max),
             ckpt_tensor_max=scale.parse_size(args.ckpt_tensor_max),
             scratch=args.scratch,
+            ckpt_repeat=args.ckpt_repeat,
             libraries=("gpubuf",) if args.no_torchrl else ("gpubuf", "torchrl"),
         )
-        if not config.sizes or args.batch <= 0 or args.repeat <= 0:
-            raise ValueError("--sizes needs at least one size; --batch and --repeat must be positive")
+        if not config.sizes or min(args.batch, args.repeat, args.ckpt_repeat) <= 0:
+            raise ValueError("--sizes needs at least one size; --batch, --repeat and --ckpt-repeat must be positive")
     except ValueError as err:
         return _fail(str(err))
     if args.threads is not None:
         if args.threads <= 0:
             return _fail(f"--threads must be positive, got {args.threads}")
         torch.set_num_threads(args.threads)
-    result = scale.run_scale(config, progress=stderr_progress)
-    print(scale.format_table(result), flush=True)
     stem = Path(args.out) / f"scale-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    result = scale.run_scale(config, progress=stderr_progress, partial=lambda r: scale.write_json(r, stem.with_suffix(".json")))
+    print(scale.format_table(result), flush=True)
     stderr_progress(f"wrote {scale.write_json(result, stem.with_suffix('.json'))}")
     try:
         stderr_progress(f"wrote {scale.write_plot(result, stem.with_suffix('.png'))}")

@@ -14,7 +14,8 @@ library freed before the other starts (64M rows of 48 B are 3 GB per library):
 - ``prioritized``: a ``TensorDictPrioritizedReplayBuffer`` filled the same way, then
   ``update_priority`` of B items and the cycle (sample B with weights, update B).
 
-A fill, an extend, a dump and a load are timed once each (at these sizes one call is long);
+A fill, an extend, a dump and a load are timed once each (at these sizes one call is long;
+``--ckpt-repeat`` repeats the round trips and keeps the medians);
 a sample, an update and a cycle are timed ``--repeat`` times and the median is kept. Before a
 dump the page cache's dirty pages are written back (``os.sync``), so that neither library pays
 for the other's writes. Rows are ``{obs: f32[8], action: f32[3], reward: f32[1]}`` (48 B, the
@@ -110,6 +111,12 @@ class ScaleConfig:
     ckpt_tensor_max: int = 16 * M
     scratch: str | None = None
     libraries: tuple[str, ...] = ("gpubuf", "torchrl")
+    chunk: int = CHUNK
+    #: Write back every dirty page (``os.sync``) before each dump and load: off in tests, where
+    #: it would wait for whatever else the machine writes.
+    sync: bool = True
+    #: Round trips per checkpoint measurement (each to a new directory; medians kept).
+    ckpt_repeat: int = 1
 
 
 @dataclass
@@ -148,15 +155,16 @@ class _Library:
             module = load_torchrl_data()
         self.module = module
 
+    # No batch_size at construction: every sample passes its own.
     def tensor_buffer(self, n: int, *, prioritized: bool = False) -> Any:
         m = self.module
         if prioritized:
-            return m.TensorDictPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=m.LazyTensorStorage(n), batch_size=256)
-        return m.TensorDictReplayBuffer(storage=m.LazyTensorStorage(n), batch_size=256)
+            return m.TensorDictPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=m.LazyTensorStorage(n))
+        return m.TensorDictReplayBuffer(storage=m.LazyTensorStorage(n))
 
     def memmap_buffer(self, n: int, scratch: str) -> Any:
         m = self.module
-        return m.TensorDictReplayBuffer(storage=m.LazyMemmapStorage(n, scratch_dir=scratch), batch_size=256)
+        return m.TensorDictReplayBuffer(storage=m.LazyMemmapStorage(n, scratch_dir=scratch))
 
 
 def _fill(rb: Any, n: int, chunk: TensorDict) -> None:
@@ -171,7 +179,8 @@ def _check_round_trip(saved: Any, loaded: Any, n: int) -> None:
     """The loaded buffer holds the saved rows: same length, same rows on a spread of indices."""
     if len(loaded) != len(saved):
         raise AssertionError(f"loaded {len(loaded)} rows, saved {len(saved)}")
-    index = torch.linspace(0, n - 1, 1024).long()
+    count = min(n, 1024)
+    index = torch.arange(count, dtype=torch.long) * (n - 1) // max(count - 1, 1)  # exact in integers, both ends
     a, b = saved.storage[index], loaded.storage[index]
     for key in a.keys():
         if key != "index" and not torch.equal(a[key], b[key]):
@@ -181,6 +190,7 @@ def _check_round_trip(saved: Any, loaded: Any, n: int) -> None:
 def _run_library(lib: _Library, n: int, config: ScaleConfig, chunk: TensorDict, scratch: Path, out: dict) -> None:
     """Runs every workload of ``config`` at ``n`` rows for one library; records into ``out``."""
     batch = min(config.batch, n)
+    wrap = f"extend {format_rows(chunk.batch_size[0])} into full"
 
     def record(workload: str, op: str, seconds: float | None, note: str | None = None) -> None:
         measure = out.setdefault((workload, op), Measure(workload, op, n))
@@ -191,22 +201,22 @@ def _run_library(lib: _Library, n: int, config: ScaleConfig, chunk: TensorDict, 
     if "fill" in config.workloads:
         rb = lib.tensor_buffer(n)
         record("fill", "fill", _timed(lambda: _fill(rb, n, chunk)))
-        record("fill", "extend 1M into full", _timed(lambda: rb.extend(chunk)))
+        record("fill", wrap, _timed(lambda: rb.extend(chunk)))
         record("fill", f"sample {batch}", _median(lambda: rb.sample(batch), config.repeat))
         if "checkpoint" in config.workloads and n <= config.ckpt_tensor_max:
-            _round_trip(lib, rb, n, "tensor", scratch, record, lambda: lib.tensor_buffer(n))
+            _round_trip(lib, rb, n, "tensor", scratch, record, lambda: lib.tensor_buffer(n), config)
         del rb
         _free()
     if "memmap" in config.workloads or "checkpoint" in config.workloads:
         files = scratch / f"{lib.name}-files"
         rb = lib.memmap_buffer(n, str(files))
         record("memmap", "fill", _timed(lambda: _fill(rb, n, chunk)))
-        record("memmap", "extend 1M into full", _timed(lambda: rb.extend(chunk)))
+        record("memmap", wrap, _timed(lambda: rb.extend(chunk)))
         record("memmap", f"sample {batch}", _median(lambda: rb.sample(batch), config.repeat))
         if "checkpoint" in config.workloads:
             other = scratch / f"{lib.name}-loaded"
-            _round_trip(lib, rb, n, "memmap", scratch, record, lambda: lib.memmap_buffer(n, str(other)))
-            shutil.rmtree(other, ignore_errors=True)
+            _round_trip(lib, rb, n, "memmap", scratch, record, lambda: lib.memmap_buffer(n, str(other)), config,
+                        cleanup=lambda: shutil.rmtree(other, ignore_errors=True))
         del rb
         _free()
         shutil.rmtree(files, ignore_errors=True)
@@ -227,24 +237,47 @@ def _run_library(lib: _Library, n: int, config: ScaleConfig, chunk: TensorDict, 
         _free()
 
 
-def _round_trip(lib: _Library, rb: Any, n: int, storage: str, scratch: Path, record: Callable, fresh: Callable) -> None:
-    path = scratch / f"{lib.name}-ckpt-{storage}"
-    shutil.rmtree(path, ignore_errors=True)
-    os.sync()
-    record(f"checkpoint {storage}", "dumps", _timed(lambda: rb.dumps(str(path))))
-    target = fresh()
-    os.sync()
-    record(f"checkpoint {storage}", "loads", _timed(lambda: target.loads(str(path))))
-    _check_round_trip(rb, target, n)
-    del target
-    _free()
-    shutil.rmtree(path, ignore_errors=True)
+def _round_trip(
+    lib: _Library,
+    rb: Any,
+    n: int,
+    storage: str,
+    scratch: Path,
+    record: Callable,
+    fresh: Callable,
+    config: ScaleConfig,
+    cleanup: Callable[[], None] = lambda: None,
+) -> None:
+    sync, repeat = config.sync, config.ckpt_repeat
+    dumps, loads = [], []
+    for _ in range(repeat):
+        path = scratch / f"{lib.name}-ckpt-{storage}"
+        shutil.rmtree(path, ignore_errors=True)
+        if sync:
+            os.sync()
+        dumps.append(_timed(lambda: rb.dumps(str(path))))
+        target = fresh()
+        if sync:
+            os.sync()
+        loads.append(_timed(lambda: target.loads(str(path))))
+        _check_round_trip(rb, target, n)
+        del target
+        _free()
+        shutil.rmtree(path, ignore_errors=True)
+        cleanup()
+    record(f"checkpoint {storage}", "dumps", statistics.median(dumps))
+    record(f"checkpoint {storage}", "loads", statistics.median(loads))
 
 
-def run_scale(config: ScaleConfig, progress: Callable[[str], None] = lambda _: None) -> dict:
-    """Runs the sweep; returns the result (environment, config, one row per workload, op and N)."""
+def run_scale(
+    config: ScaleConfig, progress: Callable[[str], None] = lambda _: None, partial: Callable[[dict], None] | None = None
+) -> dict:
+    """Runs the sweep; returns the result (environment, config, one row per workload, op and N).
+
+    ``partial`` is handed the result so far after each N (to keep what a long sweep measured).
+    """
     env = environment.collect(torch.device("cpu"))
-    chunk = make_chunk(config.kind, CHUNK)
+    chunk = make_chunk(config.kind, config.chunk)
     libraries = []
     with quiet_logs():
         for name in config.libraries:
@@ -273,13 +306,19 @@ def run_scale(config: ScaleConfig, progress: Callable[[str], None] = lambda _: N
                 _free()
         measures.extend(out.values())
         progress(format_table_rows([m for m in out.values()]))
+        if partial is not None:
+            partial(_result(env, config, measures))
+    return _result(env, config, measures)
+
+
+def _result(env: dict, config: ScaleConfig, measures: list[Measure]) -> dict:
     return {
         "benchmark": "scale",
         "environment": env,
         "config": {
             "row_kind": config.kind,
             "row_bytes": row_bytes(config.kind),
-            "chunk_rows": CHUNK,
+            "chunk_rows": config.chunk,
             "batch": config.batch,
             "repeat": config.repeat,
             "sizes": list(config.sizes),
@@ -287,6 +326,7 @@ def run_scale(config: ScaleConfig, progress: Callable[[str], None] = lambda _: N
             "workloads": list(config.workloads),
             "prioritized_max": config.prioritized_max,
             "ckpt_tensor_max": config.ckpt_tensor_max,
+            "ckpt_repeat": config.ckpt_repeat,
         },
         "rows": [
             {
