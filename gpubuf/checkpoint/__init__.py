@@ -2,7 +2,7 @@
 
 ``ReplayBuffer.dumps(path)`` / ``loads(path)`` (aliases ``dump``, ``save``, ``load``) call
 :func:`dump_buffer` / :func:`load_buffer`. A checkpoint is a directory holding ``meta.json``
-(format name and version, each component's codec and state, the size, dtype, shape and CRC-32 of
+(format name and version, each component's codec and state, the size, dtype, shape and XXH3-64 checksum of
 every array) and raw little-endian array files that ``torch.from_file`` or ``numpy.memmap`` can
 open; see :mod:`gpubuf.checkpoint.format`.
 

@@ -6,22 +6,29 @@ at 64-byte aligned offsets, so that a ``ListStorage`` of many small tensors is a
 rather than one per tensor. Tensors on any device are streamed in chunks (a CUDA tensor is
 copied to the host one chunk at a time, never whole).
 
+Every file's checksum (:mod:`~gpubuf.checkpoint.checksums`) is computed over the bytes as they
+are written, and the file is fsynced once, when complete: the bytes are gone over once.
+
 Reading: every listed file is checked (a regular file inside the checkpoint, the recorded size,
-the recorded CRC-32) while it is read into host memory; the arrays are then views of those
-bytes. Nothing is handed to a codec before every file has passed.
+the recorded checksum) while it is read into host memory, or, for a target that copies the
+bytes elsewhere anyway (a memory-mapped storage), while it is hashed through a read-only
+mapping of the file; the arrays are then views of those bytes. Nothing is handed to a codec
+before every file has passed.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import stat
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from gpubuf.checkpoint.checksums import WRITTEN, Hasher, describe
+from gpubuf.checkpoint.checksums import parse as parse_checksum
 from gpubuf.checkpoint.errors import CheckpointCorruptError, UnsafeCheckpointError, UnserializableDataError
 from gpubuf.checkpoint.format import (
     PICKLE_SUFFIXES,
@@ -174,7 +181,7 @@ class ArraySet:
         files = {prefix + rel: entry for rel, entry in files.items()}
         table = {name: {**entry, "file": prefix + entry["file"]} for name, entry in table.items()}
         for rel in sorted(self.live_files):
-            files[rel] = {"nbytes": os.path.getsize((live_root or root) / rel), "crc32": None, "live": True}
+            files[rel] = {"nbytes": os.path.getsize((live_root or root) / rel), WRITTEN: None, "live": True}
         for name, entry in self.live.items():
             table[name] = dict(entry)
         return files, table
@@ -191,16 +198,19 @@ def _entry(rel: str, offset: int, pending: _Pending) -> dict:
 
 
 def _write_file(root: Path, rel: str, placed: list[tuple[int, _Pending]], bar: Any) -> dict:
+    """Writes the arrays ``placed`` (at their offsets) to the new file ``root/rel``, hashing each
+    chunk as it goes out, and makes the file durable (``fdatasync``) before returning."""
     path = root / rel
     path.parent.mkdir(parents=True, exist_ok=True)
-    crc = 0
+    hasher = Hasher()
     position = 0
-    with open(path, "xb") as file:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
         for offset, pending in placed:
             if offset > position:
                 pad = b"\x00" * (offset - position)
-                file.write(pad)
-                crc = zlib.crc32(pad, crc)
+                _write_all(fd, pad)
+                hasher.update(pad)
                 position = offset
             raw = _byte_view(pending.tensor)
             for start in range(0, pending.nbytes, CHUNK):
@@ -208,13 +218,28 @@ def _write_file(root: Path, rel: str, placed: list[tuple[int, _Pending]], bar: A
                 if chunk.device.type != "cpu":
                     chunk = chunk.cpu()
                 view = memoryview(chunk.numpy())
-                file.write(view)
-                crc = zlib.crc32(view, crc)
+                hasher.update(view)
+                _write_all(fd, view)
                 bar.update(len(view))
             position += pending.nbytes
-        file.flush()
-        os.fsync(file.fileno())
-    return {"nbytes": position, "crc32": crc}
+        _sync_data(fd)
+    finally:
+        os.close(fd)
+    return {"nbytes": position, WRITTEN: hasher.value()}
+
+
+def _write_all(fd: int, view: Any) -> None:
+    """``os.write`` until every byte of ``view`` is out (a write may be partial)."""
+    view = memoryview(view).cast("B")
+    while view.nbytes:
+        done = os.write(fd, view)
+        view = view[done:]
+
+
+def _sync_data(fd: int) -> None:
+    # fdatasync flushes the data and the size (what reading the file back needs), not the
+    # timestamps; where it does not exist, fsync.
+    (getattr(os, "fdatasync", None) or os.fsync)(fd)
 
 
 def _dataset_name(name: str) -> str:
@@ -238,12 +263,13 @@ def _write_h5(root: Path, rel: str, members: list[_Pending], kwargs: dict, bar: 
                 data = _byte_view(tensor).numpy()
             h5.create_dataset(_dataset_name(pending.name), data=np.ascontiguousarray(data), **kwargs)
             bar.update(pending.nbytes)
-    crc = 0
+    # h5py writes the file itself: its checksum needs the bytes read back (HDF5 files only).
+    hasher = Hasher()
     with open(path, "rb") as file:
         while chunk := file.read(CHUNK):
-            crc = zlib.crc32(chunk, crc)
-        os.fsync(file.fileno())
-    return {"nbytes": path.stat().st_size, "crc32": crc}
+            hasher.update(chunk)
+        _sync_data(file.fileno())
+    return {"nbytes": path.stat().st_size, WRITTEN: hasher.value()}
 
 
 # ---------------------------------------------------------------------- reading
@@ -261,6 +287,9 @@ class ArraySpec:
 def parse_tables(meta: dict) -> tuple[dict[str, dict], dict[str, ArraySpec]]:
     """Validates the ``files`` and ``arrays`` tables of ``meta.json`` (no file is opened).
 
+    Each entry of the returned files table is ``{"nbytes", "checksum": (algorithm, value) or
+    None, "live"}``; the checksum field read is the one of the header's format version.
+
     Raises:
         CheckpointCorruptError: a malformed entry, a size that disagrees with dtype x shape, an
             array outside its file.
@@ -276,8 +305,8 @@ def parse_tables(meta: dict) -> tuple[dict[str, dict], dict[str, ArraySpec]]:
         if not live and not rel.endswith(FILE_SUFFIXES):
             raise UnsafeCheckpointError(f"{where}: only {'/'.join(FILE_SUFFIXES)} files are written by a dump")
         nbytes = require_int(entry, "nbytes", where)
-        crc = require_int(entry, "crc32", where, nullable=live)
-        files[rel] = {"nbytes": nbytes, "crc32": crc, "live": live}
+        checksum = parse_checksum(entry, meta["version"], where, nullable=live)
+        files[rel] = {"nbytes": nbytes, "checksum": checksum, "live": live}
     specs: dict[str, ArraySpec] = {}
     for name, entry in meta["arrays"].items():
         where = f"meta.json arrays[{name!r}]"
@@ -318,8 +347,18 @@ def _open_regular(path: Path, rel: str) -> Any:
     return file
 
 
-def read_file(root: Path, rel: str, expected: dict, bar: Any) -> torch.Tensor:
-    """Reads a listed file into a new host ``uint8`` tensor, checking its size and CRC-32.
+def read_file(root: Path, rel: str, expected: dict, bar: Any, *, mapped: bool = False) -> torch.Tensor:
+    """A listed file's bytes as a host ``uint8`` tensor, its size and checksum checked.
+
+    Args:
+        root: the checkpoint directory.
+        rel: the file, relative to ``root``.
+        expected: its entry of the parsed files table (``nbytes`` and ``checksum``).
+        bar: a progress bar (``update(nbytes)``).
+        mapped: return a private (copy-on-write) mapping of the file, hashed through the mapping,
+            instead of a copy read into new memory. For callers that copy the bytes elsewhere
+            anyway: the file's pages are read once, by the hash, and no anonymous memory is
+            faulted in. Files under :data:`PACK_THRESHOLD` bytes are read either way.
 
     Raises:
         CheckpointCorruptError: missing, truncated, oversized, or a checksum mismatch.
@@ -330,6 +369,8 @@ def read_file(root: Path, rel: str, expected: dict, bar: Any) -> torch.Tensor:
         file = _open_regular(path, rel)
     except FileNotFoundError:
         raise CheckpointCorruptError(f"{rel!r} is listed in meta.json but missing") from None
+    checksum = expected["checksum"]
+    hasher = Hasher(checksum[0]) if checksum is not None else None
     with file:
         size = os.fstat(file.fileno()).st_size
         nbytes = expected["nbytes"]
@@ -338,22 +379,47 @@ def read_file(root: Path, rel: str, expected: dict, bar: Any) -> torch.Tensor:
                 f"{rel!r} is {size} bytes, meta.json records {nbytes}: "
                 + ("truncated" if size < nbytes else "it has trailing bytes")
             )
-        out = torch.empty(nbytes, dtype=torch.uint8)
-        view = memoryview(out.numpy())
-        crc = 0
-        done = 0
-        while done < nbytes:
-            got = file.readinto(view[done : min(done + CHUNK, nbytes)])
-            if not got:
-                raise CheckpointCorruptError(f"{rel!r} ended after {done} of {nbytes} bytes (truncated while read)")
-            crc = zlib.crc32(view[done : done + got], crc)
-            done += got
-            bar.update(got)
-        if file.read(1):
-            raise CheckpointCorruptError(f"{rel!r} grew past {nbytes} bytes while read")
-    if expected["crc32"] is not None and crc != expected["crc32"]:
-        raise CheckpointCorruptError(f"{rel!r}: CRC-32 {crc:#010x} does not match {expected['crc32']:#010x} in meta.json")
+        if mapped and nbytes >= PACK_THRESHOLD:
+            out = _map_private(file.fileno(), nbytes)
+            view = memoryview(out.numpy())
+            for start in range(0, nbytes, CHUNK):
+                if hasher is not None:
+                    hasher.update(view[start : start + CHUNK])
+                bar.update(min(CHUNK, nbytes - start))
+        else:
+            out = torch.empty(nbytes, dtype=torch.uint8)
+            view = memoryview(out.numpy())
+            done = 0
+            while done < nbytes:
+                got = file.readinto(view[done : min(done + CHUNK, nbytes)])
+                if not got:
+                    raise CheckpointCorruptError(f"{rel!r} ended after {done} of {nbytes} bytes (truncated while read)")
+                if hasher is not None:
+                    hasher.update(view[done : done + got])
+                done += got
+                bar.update(got)
+            if file.read(1):
+                raise CheckpointCorruptError(f"{rel!r} grew past {nbytes} bytes while read")
+    if hasher is not None and hasher.value() != checksum[1]:
+        raise CheckpointCorruptError(
+            f"{rel!r}: {checksum[0]} checksum {describe(hasher.value())} does not match {describe(checksum[1])} in "
+            "meta.json (the file is corrupt)"
+        )
     return out
+
+
+def _map_private(fd: int, nbytes: int) -> torch.Tensor:
+    """A copy-on-write mapping of the first ``nbytes`` of ``fd`` as a ``uint8`` tensor (it keeps
+    the mapping alive; writes to it never reach the file)."""
+    block = mmap.mmap(fd, nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    # Read ahead of the hash. (Not MADV_SEQUENTIAL: it lets the kernel drop the pages right
+    # behind the hash, and the copy that follows would read them from disk again.)
+    if hasattr(mmap, "MADV_WILLNEED"):
+        try:
+            block.madvise(mmap.MADV_WILLNEED)
+        except OSError:
+            pass  # advice only
+    return torch.frombuffer(block, dtype=torch.uint8, count=nbytes)
 
 
 def view_array(raw: torch.Tensor, spec: ArraySpec) -> torch.Tensor:
@@ -395,10 +461,20 @@ def read_h5_array(path: Path, spec: ArraySpec) -> torch.Tensor:
     return tensor.view(spec.shape)
 
 
-def read_arrays(root: Path, files: dict[str, dict], specs: dict[str, ArraySpec], *, desc: str = "gpubuf load") -> dict[str, Any]:
+def read_arrays(
+    root: Path,
+    files: dict[str, dict],
+    specs: dict[str, ArraySpec],
+    *,
+    desc: str = "gpubuf load",
+    mapped: str | None = None,
+) -> dict[str, Any]:
     """Reads and verifies every non-live file, then returns ``{array name: host tensor}``.
 
-    Arrays of live files are returned as :class:`LiveArray` (their path; nothing is read).
+    Arrays of live files are returned as :class:`LiveArray` (their path; nothing is read). Large
+    files whose path starts with ``mapped`` (a component's folder, ``"storage/"``) are verified
+    through private mappings (see :func:`read_file`): for a component whose codec copies the
+    arrays into its own memory before the load returns.
     """
     total = sum(f["nbytes"] for f in files.values() if not f["live"])
     bar = progress_bar(total, desc)
@@ -406,7 +482,7 @@ def read_arrays(root: Path, files: dict[str, dict], specs: dict[str, ArraySpec],
     try:
         for rel, expected in files.items():
             if not expected["live"]:
-                raws[rel] = read_file(root, rel, expected, bar)
+                raws[rel] = read_file(root, rel, expected, bar, mapped=mapped is not None and rel.startswith(mapped))
     finally:
         bar.close()
     for rel, expected in files.items():

@@ -1,7 +1,8 @@
 """Crash-safe replacement of a checkpoint directory.
 
-A dump writes into a sibling temporary directory ``.<name>.gpubuf-tmp-<pid>-<hex>``, fsyncs every
-file and directory in it, writes ``meta.json`` last, and only then puts it in place:
+A dump writes into a sibling temporary directory ``.<name>.gpubuf-tmp-<pid>-<hex>``, each file
+synced to disk once written, writes ``meta.json`` last, fsyncs the directories, and only then
+puts it in place:
 
 * where the OS can (Linux ``renameat2(RENAME_EXCHANGE)``), the new and the previous directories
   swap names in one atomic step: at every instant ``<name>`` is one complete checkpoint, the
@@ -60,11 +61,11 @@ def prev_dir_for(final: Path) -> Path:
     return final.parent / f".{final.name}{PREV_MARK}"
 
 
-def fsync_tree(root: Path) -> None:
-    """fsyncs every file and directory below ``root`` (directories last, so entries are durable)."""
-    for dirpath, _, filenames in os.walk(root, topdown=False):
-        for name in filenames:
-            fsync_path(Path(dirpath) / name)
+def fsync_directories(root: Path) -> None:
+    """fsyncs every directory below ``root`` and ``root`` itself (deepest first), so that the
+    entries of the files written in them are durable. The files' own data is not flushed here:
+    each writer syncs its file once it is complete (see :mod:`gpubuf.checkpoint.arrays`)."""
+    for dirpath, _, _ in os.walk(root, topdown=False):
         fsync_path(Path(dirpath), directory=True)
 
 

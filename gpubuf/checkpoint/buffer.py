@@ -46,6 +46,7 @@ from gpubuf.checkpoint.format import (
     require_int,
     scan_directory,
 )
+from gpubuf.checkpoint.tensor_storage import is_memmap
 from gpubuf.checkpoint.values import Decoder, Encoder, class_path
 
 SLOTS = ("storage", "sampler", "writer")
@@ -190,7 +191,7 @@ def _dump_atomic(final: Path, encoded: list, extra: ArraySet, meta: dict) -> Non
     try:
         files, table = arrays.write(tmp)
         _write_meta(tmp / META_FILE, {**meta, "files": files, "arrays": table})
-        atomic.fsync_tree(tmp)
+        atomic.fsync_directories(tmp)
         atomic.commit(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -216,7 +217,7 @@ def _dump_in_place(final: Path, encoded: list, extra: ArraySet, meta: dict, live
     lock = atomic.hold(gen)
     try:
         files, table = arrays.write(gen, prefix=gen.name + "/", live_root=final)
-        atomic.fsync_tree(gen)
+        atomic.fsync_directories(gen)
         meta = {**meta, "files": files, "arrays": table, "in_place": True}
         atomic.commit_meta_in_place(final, _meta_text(meta), keep={gen.name})
     except BaseException:
@@ -305,7 +306,7 @@ def load_buffer(buffer: Any, path: Any) -> None:
         CheckpointMismatchError: the checkpoint's components or capacity differ from the buffer's.
     """
     final = Path(path).absolute()
-    meta, arrays, context = _read(final, buffer)
+    meta, arrays, context = _read(final, buffer, copies_storage=is_memmap(buffer._storage))
     if meta.get("kind") != "buffer":
         raise CheckpointMismatchError(f"{final} holds a {meta.get('kind')!r} checkpoint, not a buffer's")
     components = require(meta, "components", dict, "meta.json")
@@ -328,13 +329,18 @@ def load_buffer(buffer: Any, path: Any) -> None:
 def load_storage(storage: Any, path: Any, *, checkpointer: Codec | None = None) -> None:
     """Restores ``storage`` from a storage (or buffer) checkpoint; see :func:`load_buffer`."""
     final = Path(path).absolute()
-    meta, arrays, context = _read(final, None)
+    meta, arrays, context = _read(final, None, copies_storage=is_memmap(storage))
     codec = checkpointer if checkpointer is not None else storage_codec(storage)
     apply = _prepare("storage", require(meta, "components", dict, "meta.json"), arrays, (storage, codec), context)
     apply()
 
 
-def _read(final: Path, buffer: Any) -> tuple[dict, dict, Context]:
+def _read(final: Path, buffer: Any, *, copies_storage: bool = False) -> tuple[dict, dict, Context]:
+    """Parses and checks ``meta.json`` and reads and verifies every file.
+
+    ``copies_storage``: the target storage copies the storage arrays into its own files (a
+    memory-mapped storage), so they are verified through mappings instead of read into memory.
+    """
     check_host()
     atomic.recover(final)
     if final.is_dir():
@@ -354,7 +360,7 @@ def _read(final: Path, buffer: Any) -> tuple[dict, dict, Context]:
     meta = check_header(read_json(final / META_FILE, "meta.json"), final)
     files, specs = parse_tables(meta)
     scan_directory(final, files)
-    arrays = read_arrays(final, files, specs)
+    arrays = read_arrays(final, files, specs, mapped="storage/" if copies_storage else None)
     return meta, arrays, context
 
 

@@ -7,25 +7,26 @@ A checkpoint is a directory::
     storage/packed.bin         small arrays of a component, concatenated (64-byte aligned)
     sampler/..., writer/..., rng/...
 
-``meta.json`` (format version 1)::
+``meta.json`` (format version 2)::
 
     {
-      "format": "gpubuf.checkpoint", "version": 1, "byteorder": "little",
+      "format": "gpubuf.checkpoint", "version": 2, "byteorder": "little",
       "created_by": "gpubuf 0.1.0", "kind": "buffer" | "storage",
       "buffer": {"class": ..., "batch_size": ..., "transforms": <value>, "rng": {"device", "state"} | null},
       "components": {"storage": {"codec", "codec_version", "class", "state"}, "sampler": ..., "writer": ...},
-      "files":  {"storage/leaf_0.bin": {"nbytes": 120, "crc32": 2768625435}, ...},
+      "files":  {"storage/leaf_0.bin": {"nbytes": 120, "xxh3_64": "9b0b9b6c8a1f0e3d"}, ...},
       "arrays": {"storage/leaf_0": {"file": "storage/leaf_0.bin", "offset": 0, "nbytes": 120,
                                     "dtype": "float32", "shape": [10, 3]}, ...}
     }
 
 Every array is a typed view ``[offset, offset + nbytes)`` into a listed file; every file has its
-size and CRC-32 recorded, so that a file can be opened with ``torch.from_file`` or
-``numpy.memmap`` by anyone, and checked before a single byte of it is used. A file whose
-``crc32`` is ``null`` and ``live`` is true belongs to a memory-mapped storage that keeps writing
-to it after the dump (the zero-copy case): only its size is checked.
+size and XXH3-64 checksum recorded (:mod:`gpubuf.checkpoint.checksums`), so that a file can be
+opened with ``torch.from_file`` or ``numpy.memmap`` by anyone, and checked before a single byte
+of it is used. A file whose ``xxh3_64`` is ``null`` and ``live`` is true belongs to a
+memory-mapped storage that keeps writing to it after the dump (the zero-copy case): only its
+size is checked. Version 1 differs only in recording CRC-32 (``"crc32": <int>``); it still loads.
 
-The CRC detects corruption (a torn write, a truncated copy, bit rot), not tampering; nothing in a
+The checksum detects corruption (a torn write, a truncated copy, bit rot), not tampering; nothing in a
 checkpoint is ever executed or unpickled, so a tampered checkpoint can at worst hold wrong data.
 """
 
@@ -47,7 +48,9 @@ from gpubuf.checkpoint.errors import (
 )
 
 FORMAT_NAME = "gpubuf.checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Versions this gpubuf reads (1 recorded CRC-32 checksums instead of XXH3-64).
+READABLE_VERSIONS = (1, 2)
 META_FILE = "meta.json"
 # A meta.json past this size is refused before it is parsed: it cannot come from a dump (even a
 # ListStorage of a million small items stays far below) and parsing it would exhaust memory.
@@ -272,10 +275,11 @@ def check_header(meta: Any, path: Path) -> dict:
     version = meta.get("version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise CheckpointVersionError(f"{path}: format version {version!r} is not an integer")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         newer = " (written by a newer gpubuf: upgrade to read it)" if version > FORMAT_VERSION else ""
+        readable = ", ".join(map(str, READABLE_VERSIONS))
         raise CheckpointVersionError(
-            f"{path}: format version {version} is not supported; this gpubuf reads version {FORMAT_VERSION}{newer}"
+            f"{path}: format version {version} is not supported; this gpubuf reads versions {readable}{newer}"
         )
     if meta.get("byteorder") != "little":
         raise CheckpointCorruptError(f"{path}: byteorder {meta.get('byteorder')!r}; only 'little' is written or read")

@@ -259,7 +259,7 @@ class H5StorageCheckpointer(NestedStorageCheckpointer):
         done_keys, reward_keys: see :class:`FlatStorageCheckpointer`.
         h5_kwargs: passed to ``h5py.File.create_dataset`` (e.g. ``{"compression": "gzip"}``).
 
-    The file is read with h5py only after its size and CRC-32 were checked, and a dataset that
+    The file is read with h5py only after its size and checksum were checked, and a dataset that
     is a link, virtual, or stored outside the file is refused.
     """
 

@@ -103,7 +103,7 @@ class _Reader:
         try:
             for name, (rel, dtype, shape) in self.pending.items():
                 nbytes = shape.numel() * dtype.itemsize
-                raw = read_file(self.root, rel, {"nbytes": nbytes, "crc32": None}, bar)
+                raw = read_file(self.root, rel, {"nbytes": nbytes, "checksum": None}, bar)
                 out[name] = view_array(raw, ArraySpec(name, rel, 0, nbytes, dtype, shape))
         finally:
             bar.close()

@@ -601,6 +601,37 @@ class LazyMemmapStorage(LazyTensorStorage):
             lock.release()
         return start
 
+    def _copy_rows(self, first: int, skip: int, count: int, leaves: list[torch.Tensor]) -> None:
+        """Copies ``count`` batch rows from ``skip`` on into dim-0 rows ``first, ...`` (wrapping
+        once).
+
+        Rows written before (a wrap-around extend) are overwritten with ``pwrite`` where a leaf's
+        rows are contiguous host memory (see :func:`~gpubuf.storages._memmap_files.write_rows`);
+        rows written for the first time go through the mapping: there a ``pwrite`` into the
+        file's preallocated blocks measured 2x to 3x slower than the mapping's page faults (ext4,
+        1M rows of 48 B and 277 B), while over written rows it was 1.3x to 5x faster.
+        """
+        handles = self._files
+        if handles is None or len(handles) != len(self._leaves):
+            return super()._copy_rows(first, skip, count, leaves)
+        head = min(count, self._capacity_along_dim0 - first)
+        filled = self._len_along_dim0
+        parts = [(first, skip, head), (0, skip + head, count - head)]
+        for store, leaf, handle in zip(self._leaves, leaves, handles):
+            for row, at, n in parts:
+                if n <= 0:
+                    continue
+                rows = leaf[at : at + n]
+                written = False
+                overwrite = row + n <= filled
+                if overwrite and rows.dtype == store.dtype and rows.shape[1:] == store.shape[1:] and handle.fd >= 0:
+                    try:
+                        written = files.write_rows(handle.fd, row * handle.row_bytes, rows)
+                    except OSError as err:
+                        raise files.typed_os_error(err, f"cannot write rows to {handle.path}") from err
+                if not written:
+                    store[row : row + n].copy_(rows)
+
     def _fill_index(self, leaves: list[torch.Tensor], index_key: tuple, start: int, n: int, cap0: int) -> None:
         """Replaces the ``index_key`` leaf by each row's dim-0 index (broadcast over its item shape)."""
         pos = self._layout.index_of(index_key)

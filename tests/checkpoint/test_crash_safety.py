@@ -28,6 +28,12 @@ from gpubuf.checkpoint import CheckpointError, NotACheckpointError  # noqa: E402
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL and fork server are POSIX only")
 
 
+# Waits on a child are bounded only to turn a hung child into a failure instead of a hung suite:
+# the bound is far above what a dump of 1 MiB takes on any machine, however loaded, and no
+# assertion depends on how long anything took.
+HANG_GUARD_S = 600.0
+
+
 @pytest.fixture(scope="module")
 def ctx():
     context = mp.get_context("forkserver")
@@ -47,7 +53,7 @@ def _receive(conn, timeout: float) -> list:
     return out
 
 
-def _wait_ready(conn, timeout: float = 60.0) -> list:
+def _wait_ready(conn, timeout: float = HANG_GUARD_S) -> list:
     """Waits for the child's "ready"; returns what it sent after (versions already committed)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -77,7 +83,7 @@ def _dump_once_killed_at(ctx, path: Path, kind: str, version: int, use_exchange:
     child = ctx.Process(target=crash_child.run, args=(str(path), kind, version, use_exchange, event, writer, 1))
     child.start()
     writer.close()
-    child.join(60)
+    child.join(HANG_GUARD_S)
     reader.close()
     return child.exitcode
 
@@ -99,7 +105,7 @@ def test_sigkill_at_random_moments(tmp_path, ctx):
         # The first dump tells how long one takes on this machine now; the kill then lands at a
         # random moment of the following ones (the child dumps back to back).
         started = time.monotonic()
-        assert reader.poll(60), "the child's first dump did not complete"
+        assert reader.poll(HANG_GUARD_S), "the child's first dump did not complete"
         early.append(reader.recv())
         duration = time.monotonic() - started
         time.sleep(rng.uniform(0.0, 1.5 * duration))
@@ -128,7 +134,8 @@ def test_sigkill_at_random_moments(tmp_path, ctx):
             except CheckpointError:
                 pass
     assert kills >= 20
-    assert versions["tensor"] > 3, "the dumps were too slow for the kills to land inside them"
+    # Each child is killed only after its first dump completed, so every round commits a version.
+    assert versions["tensor"] >= 18, "a round committed no version"
     # The next successful dump cleans up what killed dumps left behind.
     for kind, path in paths.items():
         crash_child.build(kind, versions[kind] + 1).dumps(path)

@@ -117,7 +117,7 @@ def test_flipped_byte_fails_the_checksum(ckpt, target):
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0x40
     victim.write_bytes(bytes(data))
-    assert "CRC" in str(_fails(target, ckpt, CheckpointCorruptError))
+    assert "checksum" in str(_fails(target, ckpt, CheckpointCorruptError))
 
 
 def test_missing_file(ckpt, target):
@@ -142,7 +142,7 @@ def test_same_size_other_dtype_or_shape_is_refused_by_the_layout(ckpt, target):
     leaves = meta["components"]["storage"]["state"]["layout"]["leaves"]
     i = next(i for i, leaf in enumerate(leaves) if leaf["dtype"] == "float32")
     entry = meta["arrays"][f"storage/leaf_{i}"]
-    entry["dtype"] = "int32"  # same size: the files table and CRC still agree
+    entry["dtype"] = "int32"  # same size: the files table and checksum still agree
     _write_meta(ckpt, meta)
     _fails(target, ckpt, CheckpointCorruptError)
     entry["dtype"] = "float32"
@@ -160,13 +160,13 @@ def test_wrong_file_size_in_table(ckpt, target):
 
 
 # ---------------------------------------------------------------------- meta.json
-@pytest.mark.parametrize("version", [2, 0, "1", None, 1.0, True])
+@pytest.mark.parametrize("version", [3, 0, "1", None, 1.0, True])
 def test_unknown_format_version(ckpt, target, version):
     meta = _meta(ckpt)
     meta["version"] = version
     _write_meta(ckpt, meta)
     error = _fails(target, ckpt, CheckpointVersionError)
-    if version == 2:
+    if version == 3:
         assert "newer" in str(error)
 
 

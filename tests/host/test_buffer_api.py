@@ -324,3 +324,22 @@ def test_large_cpu_leaves_go_on_huge_pages(monkeypatch):
         leaf.share_memory_()
         assert leaf.is_shared()
     assert torch.equal(storage.get(index)["obs"], data["obs"][index])
+
+
+def test_cpu_leaves_hold_exactly_their_capacity():
+    """A leaf's memory is its capacity's rows and no more (no rounding to huge pages): the
+    memory per stored row is TorchRL's. The rows read back, and the storage can still move to
+    shared memory."""
+    n = 40_000
+    data = TensorDict({"obs": torch.randn(n, 16), "done": torch.rand(n, 1) > 0.5}, batch_size=[n])
+    storage = LazyTensorStorage(n)
+    TensorDictReplayBuffer(storage=storage).extend(data)
+    # obs, done, and the "index" entry the TensorDict writer adds (as TorchRL's does)
+    assert [leaf.untyped_storage().nbytes() for leaf in storage._leaves] == [n * 16 * 4, n, n * 8]
+    index = torch.randint(0, n, (64,), generator=torch.Generator().manual_seed(0))
+    got = storage.get(index)
+    assert torch.equal(got["obs"], data["obs"][index]) and torch.equal(got["done"], data["done"][index])
+    for leaf in storage._leaves:
+        leaf.share_memory_()
+        assert leaf.is_shared()
+    assert torch.equal(storage.get(index)["obs"], data["obs"][index])

@@ -10,6 +10,7 @@ Modules, one job each:
 - :mod:`~gpubuf.tools.bench.report`: rows, ratios, table, JSON and PNG;
 - :mod:`~gpubuf.tools.bench.environment`: device, versions and commit of a run;
 - :mod:`~gpubuf.tools.bench.torchrl_compat`: TorchRL imported lazily, failures turned into reasons;
+- :mod:`~gpubuf.tools.bench.scale`: the scaling sweep (``gpubuf bench --scale``): time against N;
 - :mod:`~gpubuf.tools.bench.command`: the ``gpubuf bench`` subcommand.
 
 Nothing heavy is imported here, so that ``gpubuf --help`` stays fast.

@@ -46,12 +46,78 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="torch CPU threads (default on CPU: 1, steadier when other processes share the cores; "
         "on CUDA: torch's own choice)",
     )
+    scale = parser.add_argument_group(
+        "scaling sweep (--scale)",
+        "time against the buffer's rows N, gpubuf and TorchRL side by side (see gpubuf.tools.bench.scale)",
+    )
+    scale.add_argument("--scale", action="store_true", help="run the scaling sweep instead of the workload table")
+    scale.add_argument("--sizes", default="1M,4M,16M,64M", help="rows of the sweep (default: 1M,4M,16M,64M; M = 2^20)")
+    scale.add_argument(
+        "--memmap-sizes", default="128M", help="further rows for the memory-mapped storage alone (default: 128M; '' for none)"
+    )
+    scale.add_argument(
+        "--workloads", default="fill,memmap,checkpoint,prioritized",
+        help="of fill, memmap, checkpoint, prioritized (default: all)",
+    )
+    scale.add_argument("--row-kind", choices=("small", "wide"), default="small", help="48 B rows (small) or 277 B (wide)")
+    scale.add_argument("--batch", type=int, default=65_536, help="sample / update batch (default: 65536)")
+    scale.add_argument("--repeat", type=int, default=7, help="timed calls of a sample / update / cycle (median kept)")
+    scale.add_argument("--prioritized-max", default="16M", help="largest N of the prioritized rows (default: 16M)")
+    scale.add_argument("--ckpt-tensor-max", default="16M", help="largest N of the in-memory checkpoint round trip")
+    scale.add_argument("--ckpt-repeat", type=int, default=1, help="round trips per checkpoint measurement (medians)")
+    scale.add_argument("--scratch", help="directory for memmap files and checkpoints (default: the temp dir)")
     parser.set_defaults(func=run)
     return parser
 
 
+def run_scale(args: argparse.Namespace) -> int:
+    """The ``--scale`` sweep: prints its table and writes ``<out>/scale-<timestamp>.json`` and ``.png``."""
+    import torch
+
+    from gpubuf.tools.bench import scale
+    from gpubuf.tools.bench.harness import stderr_progress
+
+    try:
+        workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
+        unknown = set(workloads) - set(scale.WORKLOADS)
+        if unknown:
+            raise ValueError(f"unknown workloads {sorted(unknown)}; expected some of {list(scale.WORKLOADS)}")
+        config = scale.ScaleConfig(
+            sizes=tuple(scale.iter_sizes(args.sizes)),
+            memmap_sizes=tuple(scale.iter_sizes(args.memmap_sizes)),
+            workloads=workloads,
+            kind=args.row_kind,
+            batch=args.batch,
+            repeat=args.repeat,
+            prioritized_max=scale.parse_size(args.prioritized_max),
+            ckpt_tensor_max=scale.parse_size(args.ckpt_tensor_max),
+            scratch=args.scratch,
+            ckpt_repeat=args.ckpt_repeat,
+            libraries=("gpubuf",) if args.no_torchrl else ("gpubuf", "torchrl"),
+        )
+        if not config.sizes or min(args.batch, args.repeat, args.ckpt_repeat) <= 0:
+            raise ValueError("--sizes needs at least one size; --batch, --repeat and --ckpt-repeat must be positive")
+    except ValueError as err:
+        return _fail(str(err))
+    if args.threads is not None:
+        if args.threads <= 0:
+            return _fail(f"--threads must be positive, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    stem = Path(args.out) / f"scale-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    result = scale.run_scale(config, progress=stderr_progress, partial=lambda r: scale.write_json(r, stem.with_suffix(".json")))
+    print(scale.format_table(result), flush=True)
+    stderr_progress(f"wrote {scale.write_json(result, stem.with_suffix('.json'))}")
+    try:
+        stderr_progress(f"wrote {scale.write_plot(result, stem.with_suffix('.png'))}")
+    except ImportError as err:
+        stderr_progress(f"no plot: {err} (pip install matplotlib)")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Runs the benchmark described by parsed ``args``; returns the exit status."""
+    if args.scale:
+        return run_scale(args)
     # Imported here so that `gpubuf --help` and other subcommands do not pay for them.
     import torch
 
@@ -103,4 +169,4 @@ def _fail(message: str) -> int:
     return 2
 
 
-__all__ = ["DEFAULT_OUT", "register", "run"]
+__all__ = ["DEFAULT_OUT", "register", "run", "run_scale"]
