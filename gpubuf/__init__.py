@@ -22,7 +22,13 @@ from gpubuf.checkpoint import (
     StorageEnsembleCheckpointer,
     TensorStorageCheckpointer,
 )
+from gpubuf.buffers.conditional import ConditionalUpdateResult
+from gpubuf.buffers.sample_units import SampleUnit, Transition
+from gpubuf.buffers.scheduler import LambdaScheduler, LinearScheduler, ParameterScheduler, SchedulerList, StepScheduler
+from gpubuf.samplers.deprecated import InPlaceSampler
+from gpubuf.utils import DEFAULT_DONE_KEYS, find_start_stop_traj, pin_memory_output, stack_tensors
 from gpubuf.samplers import (
+    ConsumingSampler,
     PrioritizedSampler,
     RandomSampler,
     Sampler,
@@ -96,4 +102,18 @@ __all__ = [
     "ListStorageCheckpointer",
     "CompressedListStorageCheckpointer",
     "StorageEnsembleCheckpointer",
+    "ConsumingSampler",
+    "InPlaceSampler",
+    "ConditionalUpdateResult",
+    "SampleUnit",
+    "Transition",
+    "ParameterScheduler",
+    "LambdaScheduler",
+    "LinearScheduler",
+    "StepScheduler",
+    "SchedulerList",
+    "DEFAULT_DONE_KEYS",
+    "find_start_stop_traj",
+    "pin_memory_output",
+    "stack_tensors",
 ]

@@ -10,7 +10,9 @@ import torch
 from tensordict import TensorDictBase
 
 from gpubuf.buffers._prefetch import Prefetcher
+from gpubuf.buffers._torchrl_api import BufferExtras, DelayedInitMeta
 from gpubuf.buffers._transforms import TransformChain
+from gpubuf.buffers.sample_units import SampleUnit
 from gpubuf.errors import BatchSizeError, DeviceMismatchError
 from gpubuf.samplers.base import Sampler
 from gpubuf.samplers.random import RandomSampler, _check_batch_size
@@ -58,7 +60,7 @@ def _make(component: Any, default: Callable[[], Any], base: type, what: str) -> 
     raise TypeError(f"{what} must be a {base.__name__} or a callable returning one, got {type(component).__name__}")
 
 
-class ReplayBuffer:
+class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
     """A replay buffer: stores items, samples batches of them.
 
     Same API as ``torchrl.data.ReplayBuffer``: change the import and the code runs.
@@ -88,6 +90,15 @@ class ReplayBuffer:
         generator: a ``torch.Generator`` used by every random draw (sampling), for reproducibility.
         shared: accepted for TorchRL compatibility.
         compilable: accepted for TorchRL compatibility.
+        sample_unit: a :class:`~gpubuf.buffers.sample_units.SampleUnit` expanding each drawn index
+            into the records read (default: one record per index).
+        transform_factory: a callable returning the transform, called when the buffer is built
+            (at its first use: it implies ``delayed_init``); excludes ``transform``.
+        consume_after_n_samples: items are consumed (no longer sampled, their slots rewritten
+            first) after being returned this many times: the default sampler becomes a
+            :class:`~gpubuf.samplers.ConsumingSampler`. Excludes ``prefetch``.
+        delayed_init: build the components at the first use of the buffer, not here
+            (default: True with ``transform_factory``, else False).
         batch_device: (gpubuf extension) the device sampled batches are returned on, when it is
             not where the storage keeps its rows. ``None`` (default) follows TorchRL: batches go
             to ``storage.device`` (for a tensor storage, where the rows are; for a memmap
@@ -126,8 +137,15 @@ class ReplayBuffer:
         generator: torch.Generator | None = None,
         shared: bool = False,
         compilable: bool | None = None,
+        sample_unit: SampleUnit | None = None,
+        transform_factory: Callable[[], Callable] | None = None,
+        consume_after_n_samples: int | None = None,
+        delayed_init: bool | None = None,
         batch_device: torch.device | str | None = None,
     ) -> None:
+        transform, sampler = self._torchrl_options(
+            transform, sampler, prefetch, sample_unit, transform_factory, consume_after_n_samples
+        )
         if batch_size is not None:
             _check_batch_size(batch_size)
         if prefetch and batch_size is None:
@@ -231,7 +249,7 @@ class ReplayBuffer:
         return previous
 
     def __len__(self) -> int:
-        return len(self._storage)
+        return self._sampler._visible_len(self._storage)
 
     # ------------------------------------------------------------------ writing
     def _transpose(self, data: Any) -> Any:
@@ -252,7 +270,9 @@ class ReplayBuffer:
             data = self._transform.inv(data)
         with self._lock:
             self._invalidate_prefetch()
-            index = self._writer.add(data)
+            index = self._write_consumed(data, batched=False)
+            if index is None:
+                index = self._writer.add(data)
             self._sampler.add(index)
         return index
 
@@ -284,7 +304,9 @@ class ReplayBuffer:
         with self._lock:
             self._invalidate_prefetch()
             data = self._transpose(data)
-            index = self._writer.extend(data)
+            index = self._write_consumed(data, batched=True)
+            if index is None:
+                index = self._writer.extend(data)
             self._sampler.extend(index)
         return index
 
@@ -353,6 +375,8 @@ class ReplayBuffer:
     def _draw(self, batch_size: int) -> tuple[Any, dict]:
         """The sampler's indices and info for one batch. Called with the lock held."""
         index, info = self._sampler.sample(self._storage, batch_size)
+        if self._sample_unit is not None:
+            index, info = self._sample_unit.expand(index, info, self._storage)
         info["index"] = index
         return index, info
 

@@ -104,6 +104,7 @@ class PrioritizedReplayBuffer(_PrioritizedMixin, ReplayBuffer):
         sampler: Sampler | None = None,
         sampler_device: torch.device | str | None = None,
         sync: bool = True,
+        delayed_init: bool = False,
         **kwargs: Any,
     ) -> None:
         _check_sync(sync)
@@ -112,7 +113,7 @@ class PrioritizedReplayBuffer(_PrioritizedMixin, ReplayBuffer):
             sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps, dtype, device=sampler_device)
         elif sampler_device is not None:
             raise TypeError("sampler_device cannot be passed when sampler is provided")
-        super().__init__(storage=storage, sampler=sampler, **kwargs)
+        super().__init__(storage=storage, sampler=sampler, delayed_init=delayed_init, **kwargs)
         self._bind_sampler()
 
 
@@ -158,6 +159,7 @@ class TensorDictPrioritizedReplayBuffer(_PrioritizedMixin, TensorDictReplayBuffe
         sync: bool = True,
         reduction: str = "max",
         dtype: torch.dtype = torch.float,
+        compilable: bool = False,
         **kwargs: Any,
     ) -> None:
         _check_sync(sync)
@@ -167,7 +169,7 @@ class TensorDictPrioritizedReplayBuffer(_PrioritizedMixin, TensorDictReplayBuffe
         sampler = PrioritizedSampler(
             storage.max_size, alpha, beta, eps, dtype, reduction=reduction, device=sampler_device
         )
-        super().__init__(priority_key=priority_key, storage=storage, sampler=sampler, **kwargs)
+        super().__init__(priority_key=priority_key, storage=storage, sampler=sampler, compilable=compilable, **kwargs)
         self._bind_sampler()
 
     def _check_priorities(self, data: Any, batched: bool) -> None:

@@ -74,6 +74,7 @@ class RoundRobinWriter(Writer):
         self._storage.set(index, data)
         self._cursor = (index + 1) % cap0
         self._write_count += 1
+        self._bump_generation(index)
         return self._replicate_index(index)
 
     def extend(self, data: Any) -> torch.Tensor:
@@ -100,6 +101,7 @@ class RoundRobinWriter(Writer):
         self._write(start, index, data)
         self._cursor = (start + n) % cap0
         self._write_count += n
+        self._bump_generation(index)
         return self._replicate_index(index)
 
     @staticmethod
@@ -116,6 +118,78 @@ class RoundRobinWriter(Writer):
             write_rows(start, data)
         else:
             self._storage.set(index, data)
+
+    # ------------------------------------------------------------------ slot generations, explicit writes
+    def __init__(self, compilable: bool = False, *, track_generations: bool = False) -> None:
+        super().__init__(compilable=compilable)
+        self._track_generations = bool(track_generations)
+        self._generation: torch.Tensor | None = None
+
+    @property
+    def tracks_generations(self) -> bool:
+        """Whether each slot's generation (the number of writes into it) is counted."""
+        return self.__dict__.get("_track_generations", False)
+
+    def _bump_generation(self, index: Any) -> None:
+        if not self.tracks_generations:
+            return
+        index = torch.as_tensor(index, dtype=torch.long).reshape(-1).cpu()
+        if self._generation is None or self._generation.numel() < self._storage.max_size:
+            grown = torch.zeros(self._storage.max_size, dtype=torch.long)
+            if self._generation is not None:
+                grown[: self._generation.numel()] = self._generation
+            self._generation = grown
+        # One bump per write of a slot, duplicates included.
+        self._generation.index_put_((index,), torch.ones_like(index), accumulate=True)
+
+    def generations_of(self, index: int | torch.Tensor) -> torch.Tensor:
+        """The current generation of the slots at ``index`` (int64, ``index``'s shape and device);
+        ``-1`` everywhere when generations are not tracked."""
+        tensor = torch.as_tensor(index, dtype=torch.long)
+        if not self.tracks_generations:
+            return torch.full_like(tensor, -1)
+        if self._generation is None:
+            return torch.zeros_like(tensor)
+        return self._generation[tensor.cpu()].to(tensor.device)
+
+    def write_at(self, index: int | torch.Tensor, data: Any) -> int | torch.Tensor:
+        """Writes ``data`` at explicit storage indices, without moving the cursor.
+
+        Counts the items written and bumps the generation of every slot written, so handles taken
+        before on those slots are stale afterwards.
+
+        Returns:
+            The indices written (as :meth:`add` / :meth:`extend` return them).
+        """
+        single = _is_int_index(index)
+        if not single:
+            index = torch.as_tensor(index, dtype=torch.long)
+            if getattr(data, "device", None) is not None:
+                index = index.to(data.device)
+        self._write_at(index, data)
+        self._write_count += 1 if single else index.numel()
+        self._bump_generation(index)
+        storage = self._storage
+        if hasattr(storage, "_len"):
+            top = int(index) if single else (int(index.max()) if index.numel() else -1)
+            if top >= len(storage):
+                storage._len = min(top + 1, storage.max_size)
+        return self._replicate_index(index)
+
+    def _write_at(self, index: Any, data: Any) -> None:
+        self._storage.set(index, data, set_cursor=False)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.tracks_generations and self._generation is not None:
+            state["_generation"] = self._generation.clone()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        if self.tracks_generations:
+            generation = state_dict.get("_generation")
+            self._generation = None if generation is None else torch.as_tensor(generation).clone()
 
 
 class TensorDictRoundRobinWriter(RoundRobinWriter):
@@ -140,6 +214,7 @@ class TensorDictRoundRobinWriter(RoundRobinWriter):
             self._storage.set(index, data)
         self._cursor = (index + 1) % cap0
         self._write_count += 1
+        self._bump_generation(index)
         return self._replicate_index(index)
 
     def extend(self, data: Any) -> torch.Tensor:
@@ -159,6 +234,13 @@ class TensorDictRoundRobinWriter(RoundRobinWriter):
     def _write(self, start: int, index: torch.Tensor, data: Any) -> None:
         with _index_entry(data, _index_value(index, data)):
             super()._write(start, index, data)
+
+    def _write_at(self, index: Any, data: Any) -> None:
+        value = torch.as_tensor(index, dtype=torch.long, device=getattr(data, "device", None))
+        value = value.expand(data.batch_size) if value.ndim == 0 else _index_value(value, data)
+        with _index_entry(data, value) as entry:
+            super()._write_at(index, data)
+        entry.keep(value)
 
 
 def _index_value(index: torch.Tensor, data: Any) -> torch.Tensor:
@@ -197,6 +279,12 @@ class _index_entry:
             else:
                 self.data.set("index", self.previous)
         return False
+
+
+def _is_int_index(index: Any) -> bool:
+    if isinstance(index, torch.Tensor):
+        return index.ndim == 0
+    return isinstance(index, int) or hasattr(index, "__index__") and not isinstance(index, (list, tuple))
 
 
 def _is_tensorclass(data: Any) -> bool:

@@ -1,0 +1,278 @@
+"""TorchRL's buffer members beyond writing and sampling: delayed construction, in-place writes,
+whole-storage reads and writes, ``can_sample``, ``stats``, ``next``, ``share``, ``synchronize``.
+
+:class:`~gpubuf.buffers.ReplayBuffer` inherits them from :class:`BufferExtras`; they only use the
+buffer's public behaviour and its components, so they work for every buffer class.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import inspect
+
+import numpy as np
+import torch
+from tensordict import is_tensor_collection
+
+from gpubuf.buffers.sample_units import SampleUnit
+from gpubuf.errors import BatchSizeError
+from gpubuf.samplers.consuming import ConsumingSampler
+from gpubuf.samplers.random import RandomSampler
+from gpubuf.writers.base import batch_length
+
+# The constructor arguments of a buffer whose construction is delayed, until its first use.
+_PENDING = "_pending_init"
+
+
+class DelayedInitMeta(type):
+    """Builds a buffer's components at its first use when asked (TorchRL's ``delayed_init``).
+
+    ``Buffer(..., delayed_init=True)`` (or ``transform_factory=...`` with ``delayed_init`` left
+    to None) returns an object that only holds its constructor arguments; the first access to
+    anything that needs the components runs the constructor (see
+    :meth:`BufferExtras.__getattr__`). So a buffer built in one process and handed to another
+    makes its transforms (``transform_factory()``) where it is used.
+    """
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        delayed = kwargs.get("delayed_init", _declared_default(cls))
+        if delayed is None:
+            delayed = kwargs.get("transform_factory") is not None
+        if not delayed:
+            return super().__call__(*args, **kwargs)
+        if kwargs.get("transform") is not None and kwargs.get("transform_factory") is not None:
+            raise TypeError("transform and transform_factory are mutually exclusive")
+        instance = cls.__new__(cls)
+        kwargs["delayed_init"] = False
+        instance.__dict__[_PENDING] = (args, kwargs)
+        return instance
+
+
+def _declared_default(cls: type) -> bool | None:
+    """The ``delayed_init`` default a buffer class declares (TorchRL's prioritized buffers: False)."""
+    cached = cls.__dict__.get("_delayed_init_default", _UNSET)
+    if cached is _UNSET:
+        parameter = inspect.signature(cls.__init__).parameters.get("delayed_init")
+        cached = None if parameter is None or parameter.default is inspect.Parameter.empty else parameter.default
+        setattr(cls, "_delayed_init_default", cached)
+    return cached
+
+
+_UNSET = object()
+
+
+class BufferExtras:
+    """TorchRL's remaining buffer members (mixed into :class:`~gpubuf.buffers.ReplayBuffer`)."""
+
+    # ------------------------------------------------------------------ delayed construction
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for attributes that do not exist yet: those of a buffer whose construction
+        # is pending. Dunder lookups (copy, pickle probing) must not construct it.
+        pending = self.__dict__.get(_PENDING)
+        if pending is None or name.startswith("__"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        self._init()
+        return getattr(self, name)
+
+    def _init(self) -> None:
+        """Runs the delayed constructor now (a no-op once the buffer is built)."""
+        pending = self.__dict__.pop(_PENDING, None)
+        if pending is None:
+            return
+        args, kwargs = pending
+        try:
+            type(self).__init__(self, *args, **kwargs)
+        except BaseException:
+            self.__dict__[_PENDING] = pending
+            raise
+
+    @property
+    def initialized(self) -> bool:
+        """Whether the components are built (False only while a ``delayed_init`` buffer is unused)."""
+        return _PENDING not in self.__dict__
+
+    def _torchrl_options(
+        self,
+        transform: Any,
+        sampler: Any,
+        prefetch: int | None,
+        sample_unit: Any,
+        transform_factory: Any,
+        consume_after_n_samples: int | None,
+    ) -> tuple[Any, Any]:
+        """Validates and applies the constructor's ``sample_unit``, ``transform_factory`` and
+        ``consume_after_n_samples``; returns the transform and sampler to build the buffer with."""
+        if sample_unit is not None and not isinstance(sample_unit, SampleUnit):
+            raise TypeError(f"sample_unit must be a SampleUnit instance, got {type(sample_unit).__name__}.")
+        self._sample_unit = sample_unit
+        if transform_factory is not None:
+            if transform is not None:
+                raise TypeError(
+                    f"transform and transform_factory are mutually exclusive. Got transform={transform} and "
+                    f"transform_factory={transform_factory}."
+                )
+            transform = transform_factory()
+        if consume_after_n_samples is not None:
+            if isinstance(consume_after_n_samples, bool) or not isinstance(consume_after_n_samples, (int, np.integer)):
+                raise TypeError("consume_after_n_samples must be a positive integer.")
+            if consume_after_n_samples < 1:
+                raise ValueError("consume_after_n_samples must be a positive integer.")
+            if prefetch:
+                raise ValueError("Prefetching is not supported when consume_after_n_samples is set.")
+            if isinstance(sampler, ConsumingSampler):
+                if sampler.max_sample_count != consume_after_n_samples:
+                    raise ValueError(
+                        "consume_after_n_samples conflicts with the provided ConsumingSampler.max_sample_count."
+                    )
+            elif sampler is None or type(sampler) is RandomSampler:
+                sampler = ConsumingSampler(max_sample_count=int(consume_after_n_samples))
+            else:
+                raise ValueError(
+                    "consume_after_n_samples only supports the default RandomSampler or an explicit ConsumingSampler. "
+                    "Prioritized, slice and without-replacement samplers are not supported."
+                )
+        if isinstance(sampler, ConsumingSampler) and prefetch:
+            raise ValueError("Prefetching is not supported with ConsumingSampler.")
+        return transform, sampler
+
+    def _write_consumed(self, data: Any, batched: bool) -> Any:
+        """With a :class:`ConsumingSampler` that freed slots: writes into them first (then from the
+        writer's cursor, skipping them) and returns the indices; else None (an ordinary write)."""
+        sampler = self._sampler
+        if not isinstance(sampler, ConsumingSampler):
+            return None
+        n = batch_length(data) if batched else 1
+        freed = sampler._pop_consumed_indices(self._storage, n)
+        if not freed.numel():
+            return None
+        if not batched:
+            return self._writer.write_at(int(freed[0]), data)
+        if freed.numel() < n:
+            cap0 = self._storage._max_size_along_dim0(batched_data=data)
+            skip = set(freed.tolist())
+            cursor, rest, scanned = self._writer._cursor, [], 0
+            while len(rest) < n - freed.numel():
+                if cursor not in skip or scanned >= cap0:
+                    rest.append(cursor)
+                cursor, scanned = (cursor + 1) % cap0, scanned + 1
+            self._writer._cursor = cursor
+            freed = torch.cat([freed, torch.tensor(rest, dtype=torch.long)])
+        return self._writer.write_at(freed, data)
+
+    # ------------------------------------------------------------------ reading and writing in bulk
+    def can_sample(self, batch_size: int | None = None) -> bool:
+        """Whether :meth:`sample` can serve a batch of ``batch_size`` (default: the buffer's) now.
+
+        Raises:
+            BatchSizeError: no batch size here nor on the buffer (also a RuntimeError).
+        """
+        if batch_size is None:
+            batch_size = self._batch_size
+        if batch_size is None:
+            raise BatchSizeError(
+                "batch_size not specified. Configure it on the replay buffer or pass it to can_sample()."
+            )
+        with self._lock:
+            return bool(self._sampler.can_sample(self._storage, batch_size))
+
+    def read_all_in_order(self, end: int | None = None) -> Any:
+        """The stored items in storage order: ``rb[:]``, or ``rb[:end]``."""
+        return self[:] if end is None else self[:end]
+
+    def write_all(self, data: Any, end: int | None = None) -> None:
+        """Writes ``data`` over the first items in storage order: ``rb[:end] = data``.
+
+        ``end`` defaults to the length of ``data``; a full buffer takes ``rb[:] = data``.
+        """
+        if end is None:
+            max_size = getattr(self._storage, "max_size", None)
+            if max_size is not None and len(self) == max_size:
+                self[:] = data
+                return
+            end = data.shape[0] if is_tensor_collection(data) else len(data)
+        self[:end] = data
+
+    def set_(self, key: Any, value: torch.Tensor) -> "BufferExtras":
+        """Writes ``value`` into entry ``key`` of every stored item, in place (TensorDict storages)."""
+        return self._update_stored(lambda stored: stored.set_(key, value))
+
+    def set_at_(self, key: Any, value: torch.Tensor, index: Any) -> "BufferExtras":
+        """Writes ``value`` into entry ``key`` of the items at ``index``, in place."""
+        if isinstance(index, torch.Tensor):
+            index = index.cpu().numpy()
+        return self._update_stored(lambda stored: stored.set_at_(key, value, index))
+
+    def update_(self, input_dict_or_td: Any, clone: bool = False, *, keys_to_update: Any = None) -> "BufferExtras":
+        """Updates the stored items in place from a dict or TensorDict spanning the whole buffer."""
+        return self._update_stored(
+            lambda stored: stored.update_(input_dict_or_td, clone=clone, keys_to_update=keys_to_update)
+        )
+
+    def _update_stored(self, write: Any) -> "BufferExtras":
+        # The stored items are read as one TensorDict, written in place there, then written back
+        # through the storage, so that every storage kind (device, memmap, spill) takes it.
+        with self._lock:
+            self._invalidate_prefetch()
+            stored = self._storage.get(slice(None))
+            write(stored)
+            self._storage.set(slice(0, len(self._storage)), stored, set_cursor=False)
+        return self
+
+    def next(self) -> Any:
+        """The next batch of iterating over the buffer, or None (and a reset) once it ran out."""
+        iterator = self.__dict__.get("_iterator")
+        try:
+            if iterator is None:
+                iterator = self.__dict__["_iterator"] = iter(self)
+            return next(iterator)
+        except StopIteration:
+            self.__dict__["_iterator"] = None
+            return None
+
+    # ------------------------------------------------------------------ process sharing and state
+    def share(self, shared: bool = True) -> "BufferExtras":
+        """Marks the buffer as shared between processes (TorchRL's flag); returns the buffer.
+
+        Writes already go through one lock per buffer and, on a memmap storage, through its
+        shared cursor (see the README's Multiprocess use).
+        """
+        self.shared = shared
+        return self
+
+    def synchronize(self) -> None:
+        """Waits for batches being prefetched (their errors are raised here)."""
+        prefetcher = getattr(self, "_prefetcher", None)
+        if prefetcher is None:
+            return
+        with self._lock:
+            futures = [entry.future for entry in prefetcher._queue if entry.future is not None]
+        # Waited for outside the lock: a read may need it.
+        for future in futures:
+            future.result()
+
+    def stats(self) -> dict[str, int | float | bool]:
+        """A cheap snapshot of counters: ``size``, ``write_count``, ``prefetch_queue_size``,
+        ``initialized``, and ``capacity`` and ``utilization`` when the storage has a capacity.
+
+        An unused ``delayed_init`` buffer reports zeros and ``initialized=False`` without being built.
+        """
+        if not self.initialized:
+            args, kwargs = self.__dict__[_PENDING]
+            stats: dict[str, Any] = {"size": 0, "write_count": 0, "prefetch_queue_size": 0, "initialized": False}
+            capacity = getattr(kwargs.get("storage"), "max_size", None)
+            if isinstance(capacity, int):
+                stats["capacity"] = capacity
+                stats["utilization"] = 0.0
+            return stats
+        with self._lock:
+            size = len(self)
+            capacity = getattr(self._storage, "max_size", None)
+            write_count = getattr(self._writer, "_write_count", 0)
+            prefetcher = getattr(self, "_prefetcher", None)
+            queued = len(prefetcher) if prefetcher is not None else 0
+        stats = {"size": int(size), "write_count": int(write_count), "prefetch_queue_size": int(queued), "initialized": True}
+        if capacity is not None:
+            stats["capacity"] = int(capacity)
+            stats["utilization"] = float(size) / capacity if capacity else 0.0
+        return stats
