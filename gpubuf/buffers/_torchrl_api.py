@@ -10,11 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 import inspect
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
-from tensordict import is_tensor_collection
+from tensordict import TensorDictBase, is_tensor_collection
+from tensordict.utils import unravel_key
 
+from gpubuf.buffers.conditional import ConditionalUpdateResult
 from gpubuf.buffers.sample_units import SampleUnit
 from gpubuf.errors import BatchSizeError
 from gpubuf.samplers.consuming import ConsumingSampler
@@ -188,10 +191,25 @@ class BufferExtras:
         if end is None:
             max_size = getattr(self._storage, "max_size", None)
             if max_size is not None and len(self) == max_size:
-                self[:] = data
+                self[:] = self._with_index_column(data, max_size)
                 return
             end = data.shape[0] if is_tensor_collection(data) else len(data)
-        self[:end] = data
+        self[:end] = self._with_index_column(data, end)
+
+    def _with_index_column(self, data: Any, end: int) -> Any:
+        # A TensorDict buffer stores each row's "index"; data written back in storage order
+        # without it gets it here (TorchRL's storage keeps the old column instead).
+        layout = getattr(self._storage, "layout", None)
+        if (
+            isinstance(data, TensorDictBase)
+            and "index" not in data.keys()
+            and layout is not None
+            and ("index",) in layout.keys
+        ):
+            data = data.copy()
+            data.set("index", torch.arange(end, device=data.device).reshape((end,) + (1,) * (data.batch_dims - 1))
+                     .expand(data.batch_size))
+        return data
 
     def set_(self, key: Any, value: torch.Tensor) -> "BufferExtras":
         """Writes ``value`` into entry ``key`` of every stored item, in place (TensorDict storages)."""
@@ -276,3 +294,143 @@ class BufferExtras:
             stats["capacity"] = int(capacity)
             stats["utilization"] = float(size) / capacity if capacity else 0.0
         return stats
+
+    # ------------------------------------------------------------------ conditional updates
+    def update_if_present(
+        self,
+        *,
+        index: torch.Tensor,
+        generation: torch.Tensor,
+        patch: Any,
+        version_key: Any = None,
+        version: int | torch.Tensor | None = None,
+        require_newer: bool = False,
+    ) -> ConditionalUpdateResult:
+        """Patches the records whose ``(index, generation)`` handle is still live.
+
+        A slot rewritten (or emptied) since the handle was taken has moved to another generation:
+        its record is skipped. With ``version_key`` and ``version``, a live record is patched only
+        when the incoming version is ``>=`` (``>`` with ``require_newer``) the stored one, and the
+        accepted version is written into ``version_key``; a slot addressed several times takes the
+        row with the highest version (the last on ties). Everything is validated before writing.
+
+        Keyword Args:
+            index: storage indices (from :meth:`extend` or a sample's ``"index"``).
+            generation: the slots' generations when the handles were taken
+                (``writer.generations_of(index)``).
+            patch: a mapping (or TensorDict) of stored keys to one row per index.
+            version_key: a stored scalar field holding each record's version (tuple form for
+                nested keys).
+            version: the incoming version, a scalar or one per index.
+            require_newer: strict comparison.
+
+        Returns:
+            A :class:`~gpubuf.buffers.conditional.ConditionalUpdateResult` aligned with ``index``.
+
+        Raises:
+            RuntimeError: the storage cannot patch records in place or the writer does not track
+                generations.
+            KeyError: a patch key or ``version_key`` that is not stored.
+            ValueError: mismatched lengths, shapes or dtypes; only one of ``version_key`` and
+                ``version``; ``version_key`` in ``patch`` or a dotted string.
+        """
+        storage, writer = self._storage, self._writer
+        if not getattr(storage, "supports_conditional_update", False) or not writer.tracks_generations:
+            raise RuntimeError(
+                f"Conditional updates are not supported by {type(storage).__name__} with {type(writer).__name__}: the "
+                "storage must support conditional updates and the writer must track slot generations."
+            )
+        index = torch.as_tensor(index, dtype=torch.long)
+        slots = (index[..., 0] if index.ndim > 1 else index.reshape(-1)).cpu()
+        generation = torch.as_tensor(generation, dtype=torch.long).reshape(-1).cpu()
+        if generation.numel() != slots.numel():
+            raise ValueError(
+                f"index and generation must address the same number of records, got {slots.numel()} indices and "
+                f"{generation.numel()} generations."
+            )
+        if (version_key is None) != (version is None):
+            raise ValueError("version_key and version must be provided together.")
+        items = patch.items(include_nested=True, leaves_only=True) if isinstance(patch, TensorDictBase) else patch.items()
+        patch = {unravel_key(key): value for key, value in items}
+        with self._lock:
+            stored = storage.get(slice(None))
+            for key, value in patch.items():
+                if key not in stored.keys(include_nested=True, leaves_only=True):
+                    raise KeyError(f"patch key {key!r} is not stored")
+                target = stored.get(key)
+                value = torch.as_tensor(value)
+                if value.shape[1:] != target.shape[1:] or value.shape[0] != slots.numel() or value.dtype != target.dtype:
+                    raise ValueError(
+                        f"patch entry {key!r} has shape {list(value.shape)} and dtype {value.dtype}, expected "
+                        f"[{slots.numel()}, *{list(target.shape[1:])}] and {target.dtype}"
+                    )
+            live = (slots >= 0) & (slots < len(storage))
+            live &= writer.generations_of(slots) == generation
+            rejected = None
+            accept = live.clone()
+            incoming = None
+            if version_key is not None:
+                if isinstance(version_key, str) and "." in version_key:
+                    raise ValueError(
+                        f"Dotted-string version keys are not supported: got {version_key!r}. Pass the nested key in "
+                        f"tuple form, e.g. {tuple(version_key.split('.'))!r}."
+                    )
+                version_key = unravel_key(version_key)
+                if version_key in patch:
+                    raise ValueError(f"version_key {version_key!r} may not appear in patch.")
+                current = stored.get(version_key)
+                if any(d != 1 for d in current.shape[1:]):
+                    raise ValueError(f"version_key {version_key!r} must hold one scalar per record")
+                current = current.reshape(current.shape[0])
+                incoming = torch.as_tensor(version).to(current.dtype).cpu().expand(slots.shape).clone()
+                stored_version = current.cpu()[slots.clamp(0, max(len(storage) - 1, 0))]
+                newer = incoming > stored_version if require_newer else incoming >= stored_version
+                accept = live & newer
+                # A slot addressed several times: only its highest version (the last on ties) wins.
+                order = sorted(range(slots.numel()), key=lambda i: (int(incoming[i]), i))
+                winner = {int(slots[i]): i for i in order if bool(accept[i])}
+                keep = torch.zeros_like(accept)
+                keep[list(winner.values())] = True
+                rejected = live & ~keep
+                accept = keep
+            rows = accept.nonzero().flatten()
+            if rows.numel():
+                target_slots = slots[rows]
+                records = stored[target_slots]
+                for key, value in patch.items():
+                    records.set(key, torch.as_tensor(value)[rows.to(torch.as_tensor(value).device)].to(records.device))
+                if incoming is not None:
+                    shape = stored.get(version_key).shape[1:]
+                    records.set(version_key, incoming[rows].reshape(-1, *shape).to(records.device))
+                self._invalidate_prefetch()
+                storage.set(target_slots, records, set_cursor=False)
+        return ConditionalUpdateResult(updated=accept, version_rejected=rejected, batch_size=[slots.numel()])
+
+    def submit_update_if_present(
+        self,
+        *,
+        index: torch.Tensor,
+        generation: torch.Tensor,
+        patch: Any,
+        version_key: Any = None,
+        version: int | torch.Tensor | None = None,
+        require_newer: bool = False,
+    ) -> Future:
+        """Runs :meth:`update_if_present` on a background thread, in submission order.
+
+        Returns:
+            A :class:`concurrent.futures.Future` of the :class:`ConditionalUpdateResult`. The inputs
+            must not be mutated until it completes.
+        """
+        executor = self.__dict__.get("_update_executor")
+        if executor is None:
+            executor = self.__dict__["_update_executor"] = ThreadPoolExecutor(max_workers=1)
+        return executor.submit(
+            self.update_if_present,
+            index=index,
+            generation=generation,
+            patch=patch,
+            version_key=version_key,
+            version=version,
+            require_newer=require_newer,
+        )

@@ -791,7 +791,7 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         batches are dropped first (their draws undone), as for any write."""
         self._invalidate_prefetch()
         state = dict(self.__dict__)
-        for name in ("_lock", "_prefetch_executor", "_prefetcher", "_side_streams", "_route_cache"):
+        for name in ("_lock", "_prefetch_executor", "_prefetcher", "_side_streams", "_route_cache", "_update_executor", "_iterator"):
             state.pop(name, None)
         return state
 

@@ -275,7 +275,7 @@ class ReplayBufferEnsemble(ReplayBuffer):
             collate_fns=[self._collate_fns[i] for i in picked],
             sample_from_all=sampler.sample_from_all,
             num_buffer_sampled=sampler._num_buffer_sampled,
-            p=None if sampler.p is None else sampler.p[picked],
+            p=sampler.p if sampler.p is None or isinstance(sampler.p, str) else sampler.p[picked],
         )
 
     def __len__(self) -> int:

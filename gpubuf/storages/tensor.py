@@ -108,6 +108,9 @@ class TensorStorage(Storage):
         compilable: accepted for TorchRL compatibility.
     """
 
+    # A buffer's update_if_present patches records in place here.
+    supports_conditional_update = True
+
     def __init__(
         self,
         storage: Any,

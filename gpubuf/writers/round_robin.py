@@ -135,22 +135,34 @@ class RoundRobinWriter(Writer):
             return
         index = torch.as_tensor(index, dtype=torch.long).reshape(-1).cpu()
         if self._generation is None or self._generation.numel() < self._storage.max_size:
-            grown = torch.zeros(self._storage.max_size, dtype=torch.long)
+            # -1: never written; each write of a slot adds one (the first gives 0).
+            grown = torch.full((self._storage.max_size,), -1, dtype=torch.long)
             if self._generation is not None:
                 grown[: self._generation.numel()] = self._generation
             self._generation = grown
-        # One bump per write of a slot, duplicates included.
         self._generation.index_put_((index,), torch.ones_like(index), accumulate=True)
 
+    def _empty(self, empty_write_count: bool = True) -> None:
+        super()._empty(empty_write_count=empty_write_count)
+        generation = self.__dict__.get("_generation")
+        if generation is not None:
+            # Emptying invalidates every handle: written slots move on (a reset would make old
+            # handles look live again); never-written ones stay -1.
+            generation[generation >= 0] += 1
+
     def generations_of(self, index: int | torch.Tensor) -> torch.Tensor:
-        """The current generation of the slots at ``index`` (int64, ``index``'s shape and device);
-        ``-1`` everywhere when generations are not tracked."""
-        tensor = torch.as_tensor(index, dtype=torch.long)
-        if not self.tracks_generations:
+        """The current generation of the slots at ``index`` (int64, ``index``'s shape and device):
+        ``-1`` for a slot never written (or out of range), or when generations are not tracked."""
+        if isinstance(index, tuple):
+            index = index[0]
+        tensor = torch.as_tensor(index, dtype=torch.long, device=getattr(index, "device", "cpu"))
+        if not self.tracks_generations or self._generation is None or not self._generation.numel():
             return torch.full_like(tensor, -1)
-        if self._generation is None:
-            return torch.zeros_like(tensor)
-        return self._generation[tensor.cpu()].to(tensor.device)
+        n = self._generation.numel()
+        cpu = tensor.cpu()
+        found = self._generation[cpu.clamp(0, n - 1)]
+        found = torch.where((cpu >= 0) & (cpu < n), found, torch.full_like(found, -1))
+        return found.to(tensor.device)
 
     def write_at(self, index: int | torch.Tensor, data: Any) -> int | torch.Tensor:
         """Writes ``data`` at explicit storage indices, without moving the cursor.
