@@ -49,6 +49,7 @@ from gpubuf.storages import (
     SpillStorage,
     Storage,
     StorageEnsemble,
+    StoreStorage,
     TensorStorage,
 )
 from gpubuf.writers import (
@@ -116,4 +117,5 @@ __all__ = [
     "find_start_stop_traj",
     "pin_memory_output",
     "stack_tensors",
+    "StoreStorage",
 ]
