@@ -30,6 +30,8 @@ from gpubuf.utils import DEFAULT_DONE_KEYS, find_start_stop_traj, pin_memory_out
 from gpubuf.samplers import (
     ConsumingSampler,
     PrioritizedSampler,
+    PromptGroupSampler,
+    StalenessAwareSampler,
     RandomSampler,
     Sampler,
     SamplerEnsemble,
@@ -118,4 +120,6 @@ __all__ = [
     "pin_memory_output",
     "stack_tensors",
     "StoreStorage",
+    "PromptGroupSampler",
+    "StalenessAwareSampler",
 ]

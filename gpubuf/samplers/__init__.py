@@ -2,9 +2,11 @@
 
 from gpubuf.samplers.base import Sampler
 from gpubuf.samplers.consuming import ConsumingSampler
+from gpubuf.samplers.prompt_group import PromptGroupSampler
+from gpubuf.samplers.staleness import StalenessAwareSampler
 from gpubuf.samplers.ensemble import SamplerEnsemble
 from gpubuf.samplers.prioritized import PrioritizedSampler
 from gpubuf.samplers.shared import SharedPrioritizedSampler
 from gpubuf.samplers.random import RandomSampler, SamplerWithoutReplacement
 
-__all__ = ["Sampler", "ConsumingSampler", "RandomSampler", "SamplerWithoutReplacement", "PrioritizedSampler", "SharedPrioritizedSampler", "SamplerEnsemble"]
+__all__ = ["Sampler", "ConsumingSampler", "PromptGroupSampler", "StalenessAwareSampler", "RandomSampler", "SamplerWithoutReplacement", "PrioritizedSampler", "SharedPrioritizedSampler", "SamplerEnsemble"]

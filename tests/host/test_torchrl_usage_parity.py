@@ -457,3 +457,74 @@ def test_priority_length_mismatch_is_a_runtime_error_as_in_torchrl():
         rb.extend(torch.arange(4))
         with pytest.raises(RuntimeError):
             rb.update_priority(torch.tensor([0, 1, 2]), torch.ones(2))
+
+
+# ---------------------------------------------------------------------- staleness and prompt groups
+def test_staleness_aware_sampler_matches_torchrl():
+    def run(lib):
+        from torchrl.data.replay_buffers.samplers import StalenessAwareSampler as TorchRLStaleness
+
+        cls = TorchRLStaleness if lib is torchrl_data else gpubuf.StalenessAwareSampler
+        sampler = cls(max_staleness=3)
+        rb = lib.TensorDictReplayBuffer(storage=lib.LazyTensorStorage(20), sampler=sampler, batch_size=6)
+        rb.extend(TensorDict({"obs": torch.arange(10.0), "policy_version": torch.arange(10) % 5}, [10]))
+        sampler.consumer_version = 5
+        torch.manual_seed(0)
+        sample = rb.sample()
+        sampler.increment_consumer_version()
+        torch.manual_seed(1)
+        _, info = rb.sample(return_info=True)
+        sampler.max_staleness = 0
+        with pytest.raises(RuntimeError, match="exceed max_staleness"):
+            rb.sample()
+        return sample["obs"], sample["staleness"], info["staleness"], sampler.state_dict()
+
+    theirs, ours = both(run)
+    assert_same(theirs[:3], ours[:3])
+    assert dict(theirs[3]) == ours[3]
+
+
+def test_staleness_aware_sampler_needs_the_version_key():
+    rb = gpubuf.TensorDictReplayBuffer(
+        storage=gpubuf.LazyTensorStorage(4), sampler=gpubuf.StalenessAwareSampler(), batch_size=2
+    )
+    rb.extend(TensorDict({"obs": torch.zeros(3)}, [3]))
+    with pytest.raises(KeyError, match="policy_version"):
+        rb.sample()
+
+
+@pytest.mark.parametrize("strategy", ["random", "recency", "reward", "variance"])
+@pytest.mark.parametrize("storage", ["LazyStackStorage", "LazyTensorStorage"])
+def test_prompt_group_sampler_matches_torchrl(strategy, storage):
+    def run(lib):
+        from torchrl.data.replay_buffers.samplers import PromptGroupSampler as TorchRLPromptGroup
+
+        cls = TorchRLPromptGroup if lib is torchrl_data else gpubuf.PromptGroupSampler
+        sampler = cls(num_groups=2, group_key="prompt", strategy=strategy, reward_key="reward")
+        rb = lib.ReplayBuffer(
+            storage=getattr(lib, storage)(100), sampler=sampler, batch_size=6, generator=torch.Generator().manual_seed(4)
+        )
+        rb.extend(TensorDict({"prompt": torch.tensor([0] * 4 + [1] * 4 + [2] * 4), "reward": torch.arange(12.0) % 5}, [12]))
+        rb.extend(TensorDict({"prompt": torch.tensor([1, 2]), "reward": torch.tensor([9.0, -1.0])}, [2]))
+        out = [rb.sample(return_info=True)[1]["index"] for _ in range(3)]
+        return out, sampler.state_dict()
+
+    theirs, ours = both(run)
+    assert_same(theirs[0], ours[0])
+    assert theirs[1].keys() == ours[1].keys()
+
+
+def test_prompt_group_sampler_refusals():
+    for lib_cls in (gpubuf.PromptGroupSampler,):
+        with pytest.raises(TypeError, match="Exactly one"):
+            lib_cls()
+        with pytest.raises(ValueError):
+            lib_cls(num_groups=0)
+        with pytest.raises(ValueError, match="Unknown strategy"):
+            lib_cls(num_groups=1, strategy="best")
+    rb = gpubuf.ReplayBuffer(
+        storage=gpubuf.LazyTensorStorage(10), sampler=gpubuf.PromptGroupSampler(samples_per_group=4), batch_size=6
+    )
+    rb.extend(TensorDict({"query": torch.zeros(4)}, [4]))
+    with pytest.raises(ValueError, match="not divisible"):
+        rb.sample()
