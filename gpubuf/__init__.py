@@ -23,6 +23,7 @@ from gpubuf.checkpoint import (
     TensorStorageCheckpointer,
 )
 from gpubuf.buffers.conditional import ConditionalUpdateResult
+from gpubuf.buffers.offline_to_online import OfflineToOnlineReplayBuffer, prefill_replay_buffer
 from gpubuf.buffers.sample_units import SampleUnit, Transition
 from gpubuf.buffers.scheduler import LambdaScheduler, LinearScheduler, ParameterScheduler, SchedulerList, StepScheduler
 from gpubuf.samplers.deprecated import InPlaceSampler
@@ -122,4 +123,6 @@ __all__ = [
     "StoreStorage",
     "PromptGroupSampler",
     "StalenessAwareSampler",
+    "OfflineToOnlineReplayBuffer",
+    "prefill_replay_buffer",
 ]

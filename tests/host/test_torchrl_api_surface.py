@@ -104,13 +104,6 @@ PENDING: dict[str, str] = {
     "HERReplayBuffer.writer": "HERReplayBuffer not yet provided",
     "HindsightStrategy": "HERReplayBuffer not yet provided",
     "Nested2TED": "TED checkpoint hooks not yet provided",
-    "OfflineToOnlineReplayBuffer": "OfflineToOnlineReplayBuffer not yet provided",
-    "OfflineToOnlineReplayBuffer.anneal": "OfflineToOnlineReplayBuffer not yet provided",
-    "OfflineToOnlineReplayBuffer.extend": "OfflineToOnlineReplayBuffer not yet provided",
-    "OfflineToOnlineReplayBuffer.offline_buffer": "OfflineToOnlineReplayBuffer not yet provided",
-    "OfflineToOnlineReplayBuffer.offline_fraction": "OfflineToOnlineReplayBuffer not yet provided",
-    "OfflineToOnlineReplayBuffer.online_buffer": "OfflineToOnlineReplayBuffer not yet provided",
-    "OfflineToOnlineReplayBuffer.sample": "OfflineToOnlineReplayBuffer not yet provided",
     "PrioritizedReplayBuffer.query": "trajectory queries not yet provided",
     "ReplayBuffer.query": "trajectory queries not yet provided",
     "ReplayBufferEnsemble.query": "trajectory queries not yet provided",
@@ -131,7 +124,6 @@ PENDING: dict[str, str] = {
     "TrajectoryPredicate.required_keys": "trajectory queries not yet provided",
     "filter_trajectories": "trajectory queries not yet provided",
     "iter_trajectories": "trajectory queries not yet provided",
-    "prefill_replay_buffer": "OfflineToOnlineReplayBuffer not yet provided",
     "traj": "trajectory queries not yet provided",
 }
 

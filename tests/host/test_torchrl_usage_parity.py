@@ -528,3 +528,49 @@ def test_prompt_group_sampler_refusals():
     rb.extend(TensorDict({"query": torch.zeros(4)}, [4]))
     with pytest.raises(ValueError, match="not divisible"):
         rb.sample()
+
+
+# ---------------------------------------------------------------------- offline to online
+def test_offline_to_online_docstring_usage_matches_torchrl():
+    def run(lib):
+        torch.manual_seed(0)
+        offline = lib.ReplayBuffer(storage=lib.LazyTensorStorage(100))
+        offline.extend(TensorDict({"observation": torch.arange(100.0)}, [100]))
+        rb = lib.OfflineToOnlineReplayBuffer(offline_dataset=offline, online_capacity=50, offline_fraction=0.25, batch_size=8)
+        only_offline = rb.sample()["observation"]
+        rb.extend(TensorDict({"observation": -torch.arange(1.0, 11.0)}, [10]))
+        mixed = rb.sample(8)["observation"]
+        rb.anneal(3, 4)
+        fraction = rb.offline_fraction
+        rb.anneal(4, 4)
+        online_only = rb.sample()["observation"]
+        return only_offline, mixed, fraction, online_only, len(rb), len(rb.online_buffer)
+
+    theirs, ours = both(run)
+    assert_same(theirs, ours)
+    assert (ours[1] < 0).sum() == 6 and (ours[3] < 0).all()
+
+
+def test_prefill_replay_buffer_matches_torchrl():
+    def run(lib):
+        torch.manual_seed(0)
+        dataset = lib.ReplayBuffer(storage=lib.LazyTensorStorage(50))
+        dataset.extend(TensorDict({"obs": torch.arange(50.0)}, [50]))
+        online = lib.ReplayBuffer(storage=lib.LazyTensorStorage(100))
+        assert lib.prefill_replay_buffer(online, dataset, n_samples=25, chunk_size=10) is online
+        return online[:]["obs"], len(online)
+
+    theirs, ours = both(run)
+    assert_same(theirs, ours)
+
+
+def test_offline_to_online_refusals():
+    offline = gpubuf.ReplayBuffer(storage=gpubuf.LazyTensorStorage(4))
+    with pytest.raises(ValueError, match="not both"):
+        gpubuf.OfflineToOnlineReplayBuffer(offline, online_capacity=4, online_storage=gpubuf.LazyTensorStorage(4))
+    with pytest.raises(ValueError, match="one of"):
+        gpubuf.OfflineToOnlineReplayBuffer(offline)
+    with pytest.raises(ValueError, match=r"\(0, 1\)"):
+        gpubuf.OfflineToOnlineReplayBuffer(offline, online_capacity=4, offline_fraction=1.0)
+    with pytest.raises(ValueError, match="batch_size must be provided"):
+        gpubuf.OfflineToOnlineReplayBuffer(offline, online_capacity=4).sample()
