@@ -23,6 +23,7 @@ from gpubuf.checkpoint import (
     TensorStorageCheckpointer,
 )
 from gpubuf.buffers.conditional import ConditionalUpdateResult
+from gpubuf.buffers.her import HERReplayBuffer, HindsightStrategy
 from gpubuf.buffers.offline_to_online import OfflineToOnlineReplayBuffer, prefill_replay_buffer
 from gpubuf.buffers.sample_units import SampleUnit, Transition
 from gpubuf.buffers.scheduler import LambdaScheduler, LinearScheduler, ParameterScheduler, SchedulerList, StepScheduler
@@ -125,4 +126,6 @@ __all__ = [
     "StalenessAwareSampler",
     "OfflineToOnlineReplayBuffer",
     "prefill_replay_buffer",
+    "HERReplayBuffer",
+    "HindsightStrategy",
 ]

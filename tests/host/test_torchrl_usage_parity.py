@@ -574,3 +574,66 @@ def test_offline_to_online_refusals():
         gpubuf.OfflineToOnlineReplayBuffer(offline, online_capacity=4, offline_fraction=1.0)
     with pytest.raises(ValueError, match="batch_size must be provided"):
         gpubuf.OfflineToOnlineReplayBuffer(offline, online_capacity=4).sample()
+
+
+# ---------------------------------------------------------------------- hindsight experience replay
+def _her_reward(td):
+    dist = (td["achieved_goal"] - td["desired_goal"]).norm(dim=-1, keepdim=True)
+    return (dist < 0.05).float()
+
+
+def _episode_steps(n, done_at):
+    return TensorDict(
+        {
+            "observation": torch.arange(n * 4.0).reshape(n, 4),
+            "desired_goal": torch.zeros(n, 3),
+            "achieved_goal": torch.arange(n * 3.0).reshape(n, 3) / 10,
+            "action": torch.zeros(n, 2),
+            "next": {
+                "observation": torch.arange(n * 4.0).reshape(n, 4) + 1,
+                "desired_goal": torch.zeros(n, 3),
+                "achieved_goal": torch.arange(n * 3.0).reshape(n, 3) / 10 + 0.1,
+                "reward": torch.zeros(n, 1),
+                "done": torch.tensor([[i in done_at] for i in range(n)]),
+            },
+        },
+        batch_size=[n],
+    )
+
+
+@pytest.mark.parametrize("strategy", ["future", "final", "episode", "random"])
+def test_her_relabels_as_torchrl(strategy):
+    def run(lib):
+        rb = lib.HERReplayBuffer(
+            reward_fn=_her_reward,
+            strategy=strategy,
+            her_ratio=0.5,
+            storage=lib.LazyTensorStorage(8),
+            batch_size=6,
+            generator=torch.Generator().manual_seed(2),
+        )
+        rb.extend(_episode_steps(6, {2}))
+        rb.extend(_episode_steps(4, {1, 3}))  # wraps: the cursor ends the newest episode
+        torch.manual_seed(5)
+        batch = rb.sample()
+        return batch["index"], batch["desired_goal"], batch[("next", "desired_goal")], batch[("next", "reward")]
+
+    theirs, ours = both(run)
+    assert_same(theirs, ours)
+
+
+def test_her_docstring_usage_and_refusals():
+    for lib in (torchrl_data, gpubuf):
+        rb = lib.HERReplayBuffer(reward_fn=_her_reward, storage=lib.LazyTensorStorage(100), batch_size=256)
+        for i in range(4):
+            rb.add(_episode_steps(4, {3})[i])
+        batch = rb.sample(4)
+        assert batch["desired_goal"].shape == torch.Size([4, 3])
+        assert batch[("next", "reward")].shape == torch.Size([4, 1])
+        assert lib.HindsightStrategy("final") == "final"
+    with pytest.raises(ValueError, match="her_ratio"):
+        gpubuf.HERReplayBuffer(reward_fn=_her_reward, her_ratio=1.5)
+    rb = gpubuf.HERReplayBuffer(reward_fn=_her_reward, storage=gpubuf.LazyTensorStorage(8))
+    rb.extend(TensorDict({"desired_goal": torch.zeros(2, 3)}, [2]))
+    with pytest.raises(KeyError, match="achieved_goal"):
+        rb.sample(2)
