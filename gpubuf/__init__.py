@@ -12,6 +12,7 @@ from gpubuf.buffers import (
     TensorDictPrioritizedReplayBuffer,
     TensorDictReplayBuffer,
 )
+from gpubuf.checkpoint.ted_hooks import Flat2TED, H5Combine, H5Split, Nested2TED, TED2Flat, TED2Nested
 from gpubuf.checkpoint import (
     CompressedListStorageCheckpointer,
     FlatStorageCheckpointer,
@@ -128,4 +129,10 @@ __all__ = [
     "prefill_replay_buffer",
     "HERReplayBuffer",
     "HindsightStrategy",
+    "TED2Flat",
+    "Flat2TED",
+    "TED2Nested",
+    "Nested2TED",
+    "H5Split",
+    "H5Combine",
 ]
