@@ -112,3 +112,20 @@ def test_nested_and_h5_hooks_match_torchrl(tmp_path):
     back_t, back_g = trl.Nested2TED()(t), gpubuf.Nested2TED()(combined)
     for key in back_t.keys(True, True):
         assert torch.equal(back_t.get(key), back_g.get(key)), key
+
+
+@pytest.mark.parametrize("fill", ["partial", "wrapped"])
+def test_ted_hooks_on_a_gpubuf_buffer_round_trip(tmp_path, fill):
+    # TorchRL's documented usage: a save hook writes the flat layout, a load hook rebuilds TED.
+    rb = gpubuf.ReplayBuffer(storage=gpubuf.LazyMemmapStorage(10, scratch_dir=tmp_path / "rows"))
+    rb.register_save_hook(gpubuf.TED2Flat())
+    rb.extend(ted(7))
+    if fill == "wrapped":
+        rb.extend(ted(6, start=20, ends=(2,)))
+    rb.dumps(tmp_path / "ckpt")
+    loaded = gpubuf.ReplayBuffer(storage=gpubuf.LazyMemmapStorage(10, scratch_dir=tmp_path / "rows2"))
+    loaded.register_load_hook(gpubuf.Flat2TED())
+    loaded.loads(tmp_path / "ckpt")
+    original, got = rb[:], loaded[:]
+    for key in ("obs", "action", ("next", "reward"), ("next", "done")):
+        assert torch.equal(original.get(key), got.get(key)), key
