@@ -26,7 +26,7 @@ from gpubuf.checkpoint import (
 from gpubuf.buffers.conditional import ConditionalUpdateResult
 from gpubuf.buffers.her import HERReplayBuffer, HindsightStrategy
 from gpubuf.buffers.offline_to_online import OfflineToOnlineReplayBuffer, prefill_replay_buffer
-from gpubuf.buffers.sample_units import SampleUnit, Transition
+from gpubuf.buffers.sample_units import SampleUnit, Sequence, Transition
 from gpubuf.buffers.scheduler import LambdaScheduler, LinearScheduler, ParameterScheduler, SchedulerList, StepScheduler
 from gpubuf.samplers.deprecated import InPlaceSampler
 from gpubuf.utils import DEFAULT_DONE_KEYS, find_start_stop_traj, pin_memory_output, stack_tensors
@@ -113,6 +113,7 @@ __all__ = [
     "ConditionalUpdateResult",
     "SampleUnit",
     "Transition",
+    "Sequence",
     "ParameterScheduler",
     "LambdaScheduler",
     "LinearScheduler",

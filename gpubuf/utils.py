@@ -166,3 +166,37 @@ def stack_tensors(list_of_tensor_iterators: list) -> tuple[torch.Tensor, ...]:
         One stacked tensor per position.
     """
     return tuple(torch.stack(tensors, 0) for tensors in zip(*list_of_tensor_iterators))
+
+
+# ---------------------------------------------------------------------- distances to trajectory ends
+def boundary_distances(
+    anchor: torch.Tensor, start: torch.Tensor, stop: torch.Tensor, length: int, storage_shape: tuple
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each anchor (``[B]`` time indices, or ``[B, ndim]`` coordinates), its distance to the
+    start and to the stop of its trajectory, given ``find_start_stop_traj``'s ``start`` and
+    ``stop`` over ``length`` time steps (TorchRL's search, so both agree exactly)."""
+    if start.shape[-1] == 1:
+        at = torch.searchsorted(stop[:, 0].contiguous(), anchor).remainder(stop.shape[0])
+        return (
+            torch.remainder(anchor - start[at, 0], length).long(),
+            torch.remainder(stop[at, 0] - anchor, length).long(),
+        )
+    lanes = storage_shape[1:]
+    stride = torch.tensor([int(np.prod(lanes[i + 1 :])) for i in range(len(lanes))], dtype=torch.long, device=stop.device)
+    lane = (stop[:, 1:] * stride).sum(-1)
+    key = lane * (2 * storage_shape[0]) + stop[:, 0]
+    order = torch.argsort(key)
+    key, ordered_lane = key[order], lane[order]
+    first = torch.ones_like(ordered_lane, dtype=torch.bool)
+    first[1:] = ordered_lane[1:] != ordered_lane[:-1]
+    first_index = torch.arange(order.shape[0], device=order.device)[first]
+    # A sentinel past each lane's last stop sends anchors after it to the lane's first trajectory (the wrap).
+    stop_key = torch.cat([key, key[first_index] + storage_shape[0]])
+    boundary_index = torch.cat([order, order[first_index]])
+    sort = torch.argsort(stop_key)
+    stop_key, boundary_index = stop_key[sort], boundary_index[sort]
+    at = boundary_index[torch.searchsorted(stop_key, (anchor[:, 1:] * stride).sum(-1) * (2 * length) + anchor[:, 0])]
+    return (
+        torch.remainder(anchor[:, 0] - start[at, 0], length).long(),
+        torch.remainder(stop[at, 0] - anchor[:, 0], length).long(),
+    )

@@ -57,8 +57,6 @@ PENDING: dict[str, str] = {
     "PrioritizedReplayBuffer.query": "trajectory queries not yet provided",
     "ReplayBuffer.query": "trajectory queries not yet provided",
     "ReplayBufferEnsemble.query": "trajectory queries not yet provided",
-    "Sequence": "the Sequence sample unit not yet provided",
-    "Sequence.expand": "the Sequence sample unit not yet provided",
     "TensorDictPrioritizedReplayBuffer.query": "trajectory queries not yet provided",
     "TensorDictReplayBuffer.query": "trajectory queries not yet provided",
     "Trajectory": "trajectory queries not yet provided",

@@ -637,3 +637,73 @@ def test_her_docstring_usage_and_refusals():
     rb.extend(TensorDict({"desired_goal": torch.zeros(2, 3)}, [2]))
     with pytest.raises(KeyError, match="achieved_goal"):
         rb.sample(2)
+
+
+# ---------------------------------------------------------------------- the Sequence sample unit
+def _sequence_data(n, ends):
+    done = torch.zeros(n, 1, dtype=torch.bool)
+    done[list(ends)] = True
+    return TensorDict({"obs": torch.arange(float(n)), ("next", "done"): done}, [n])
+
+
+@pytest.mark.parametrize("boundary", ["pad", "stop", "include_reset"])
+@pytest.mark.parametrize(
+    "window", [{"length": 3}, {"length": 2, "burn_in": 1, "bootstrap": 1}, {"length": 3, "dilation": 2}]
+)
+@pytest.mark.parametrize("fill", ["partial", "full", "wrapped"])
+def test_sequence_unit_matches_torchrl(boundary, window, fill):
+    def run(lib):
+        rb = lib.ReplayBuffer(
+            storage=lib.LazyTensorStorage(10),
+            batch_size=4,
+            sample_unit=lib.Sequence(episode_boundary=boundary, **window),
+            generator=torch.Generator().manual_seed(7),
+        )
+        if fill == "partial":
+            rb.extend(_sequence_data(7, {2}))
+        elif fill == "full":
+            rb.extend(_sequence_data(10, {4, 9}))
+        else:
+            rb.extend(_sequence_data(10, {4, 9}))
+            rb.extend(_sequence_data(3, {0}))
+        sample, info = rb.sample(return_info=True)
+        return sample["obs"], {k: info[k] for k in sorted(info) if k != "index"}, info["index"]
+
+    theirs, ours = both(run)
+    assert_same(theirs, ours)
+
+
+def test_sequence_unit_docstring_expand():
+    for lib in (torchrl_data, gpubuf):
+        rb = lib.ReplayBuffer(storage=lib.LazyTensorStorage(10), batch_size=2, sample_unit=lib.Sequence(length=3))
+        rb.extend(_sequence_data(10, {4, 9}))
+        unit = lib.Sequence(length=2, burn_in=1, bootstrap=1)
+        index, info = unit.expand(torch.tensor([5]), {}, rb.storage)
+        assert index.tolist() == [5, 5, 6, 7]
+        assert info["learning_mask"].tolist() == [False, True, True, False]
+        assert info["validity_mask"].tolist() == [False, True, True, True]
+        index, _ = lib.Sequence(length=3, dilation=2).expand(torch.tensor([0]), {}, rb.storage)
+        assert index.tolist() == [0, 2, 4]
+    with pytest.raises(ValueError):
+        gpubuf.Sequence(length=0)
+    with pytest.raises(TypeError, match="TensorDict-backed"):
+        gpubuf.Sequence(length=2).expand(torch.tensor([0]), {}, gpubuf.ListStorage(4))
+
+
+@pytest.mark.parametrize("boundary", ["pad", "stop", "include_reset"])
+def test_sequence_unit_on_a_two_dim_storage_matches_torchrl(boundary):
+    def run(lib):
+        rb = lib.ReplayBuffer(
+            storage=lib.LazyTensorStorage(12, ndim=2),
+            batch_size=3,
+            sample_unit=lib.Sequence(length=3, episode_boundary=boundary),
+            generator=torch.Generator().manual_seed(3),
+        )
+        done = torch.zeros(4, 3, 1, dtype=torch.bool)
+        done[1, 0] = done[2, 2] = True
+        rb.extend(TensorDict({"obs": torch.arange(12.0).reshape(4, 3), ("next", "done"): done}, [4, 3]))
+        sample, info = rb.sample(return_info=True)
+        return sample["obs"], info["validity_mask"], info["anchor_index"]
+
+    theirs, ours = both(run)
+    assert_same(theirs, ours)
