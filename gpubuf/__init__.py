@@ -25,6 +25,7 @@ from gpubuf.checkpoint import (
 )
 from gpubuf.buffers.conditional import ConditionalUpdateResult
 from gpubuf.buffers.her import HERReplayBuffer, HindsightStrategy
+from gpubuf.buffers.query import Trajectory, TrajectoryPredicate, filter_trajectories, iter_trajectories, traj
 from gpubuf.buffers.offline_to_online import OfflineToOnlineReplayBuffer, prefill_replay_buffer
 from gpubuf.buffers.sample_units import SampleUnit, Sequence, Transition
 from gpubuf.buffers.scheduler import LambdaScheduler, LinearScheduler, ParameterScheduler, SchedulerList, StepScheduler
@@ -136,4 +137,9 @@ __all__ = [
     "Nested2TED",
     "H5Split",
     "H5Combine",
+    "Trajectory",
+    "TrajectoryPredicate",
+    "traj",
+    "iter_trajectories",
+    "filter_trajectories",
 ]

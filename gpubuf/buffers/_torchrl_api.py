@@ -14,11 +14,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase, is_tensor_collection
+from tensordict import LazyStackedTensorDict, TensorDictBase, is_tensor_collection
 from tensordict.utils import unravel_key
 
 from gpubuf.buffers.conditional import ConditionalUpdateResult
-from gpubuf.buffers.sample_units import SampleUnit
+from gpubuf.buffers.query import _query_source
+from gpubuf.buffers.sample_units import SampleUnit, _last_written
 from gpubuf.errors import BatchSizeError
 from gpubuf.samplers.consuming import ConsumingSampler
 from gpubuf.samplers.random import RandomSampler
@@ -434,3 +435,62 @@ class BufferExtras:
             version=version,
             require_newer=require_newer,
         )
+
+    # ------------------------------------------------------------------ trajectory queries
+    def query(self, predicate: Any = None, *, trajectory_key: Any = None) -> list:
+        """The stored trajectories matching ``predicate``, oldest first.
+
+        Args:
+            predicate: a :class:`~gpubuf.buffers.query.TrajectoryPredicate` built from
+                :data:`~gpubuf.traj` (only the keys it reads are fetched), or any callable mapping a
+                :class:`~gpubuf.Trajectory` to a bool; None returns every trajectory.
+
+        Keyword Args:
+            trajectory_key: the entry of per-transition trajectory ids (default: found among
+                ``("collector", "traj_ids")``, ``"traj_ids"``, ``"episode"``, else the done flags).
+
+        Returns:
+            A list of :class:`~gpubuf.Trajectory` views, with the buffer's transforms applied. Past
+            the ring's wrap, a trajectory written across it is returned whole, in time order.
+
+        Raises:
+            TypeError: a storage that does not hold TensorDicts.
+
+        Examples:
+            >>> good = rb.query((traj.reward.sum() > 100) & (traj.length >= 50))
+        """
+        storage = self._storage
+        if not len(storage):
+            return []
+        with self._lock:
+            source = storage.get(slice(None))
+        if isinstance(source, (list, tuple)):
+            if not all(is_tensor_collection(item) for item in source):
+                raise TypeError(
+                    f"ReplayBuffer.query requires a tensordict-backed storage, got items of type {type(source[0])}."
+                )
+            if any(item.batch_dims for item in source):
+                raise TypeError("ReplayBuffer.query on a list-based storage expects single-transition (scalar) items.")
+            source = LazyStackedTensorDict.lazy_stack(list(source))
+        elif not is_tensor_collection(source):
+            raise TypeError(f"ReplayBuffer.query requires a tensordict-backed storage, got content of type {type(source)}.")
+        transforms = [t if not inverted else _Inverted(t) for t, inverted in self._transform._items]
+        return _query_source(
+            source,
+            transforms=transforms,
+            predicate=predicate,
+            trajectory_key=trajectory_key,
+            at_capacity=bool(storage._is_full),
+            cursor=_last_written(storage),
+        )
+
+
+class _Inverted:
+    """A transform applied in its write direction (``append_transform(..., invert=True)``)."""
+
+    def __init__(self, transform: Any) -> None:
+        self.transform = transform
+
+    def __call__(self, data: Any) -> Any:
+        inv = getattr(self.transform, "inv", None)
+        return data if inv is None else inv(data)

@@ -707,3 +707,63 @@ def test_sequence_unit_on_a_two_dim_storage_matches_torchrl(boundary):
 
     theirs, ours = both(run)
     assert_same(theirs, ours)
+
+
+# ---------------------------------------------------------------------- trajectory queries
+def _episodes(n_steps, ends, start=0):
+    done = torch.zeros(n_steps, 1, dtype=torch.bool)
+    done[list(ends)] = True
+    return TensorDict(
+        {
+            "obs": torch.arange(start, start + n_steps, dtype=torch.float32),
+            "reward": (torch.arange(start, start + n_steps) % 7).float().unsqueeze(-1),
+            "step_count": torch.arange(n_steps).unsqueeze(-1),
+            ("next", "done"): done,
+        },
+        [n_steps],
+    )
+
+
+def _queries(lib):
+    traj = lib.traj
+    return [
+        None,
+        (traj.reward.sum() > 8) & (traj.length >= 3),
+        (traj.reward > 5).any() | (traj.step_count.last() > 10),
+        lambda t: t.length == 2,
+    ]
+
+
+@pytest.mark.parametrize("fill", ["partial", "wrapped"])
+def test_query_matches_torchrl(fill):
+    def run(lib):
+        rb = lib.TensorDictReplayBuffer(storage=lib.LazyTensorStorage(16))
+        rb.extend(_episodes(12, {2, 4, 9}))
+        if fill == "wrapped":
+            rb.extend(_episodes(7, {1, 5}, start=100))
+        return [[t.get("obs") for t in rb.query(q)] for q in _queries(lib)]
+
+    theirs, ours = both(run)
+    assert_same(theirs, ours)
+
+
+def test_filter_and_iter_trajectories_match_torchrl():
+    data = _episodes(12, {2, 4, 9})
+    data["traj_ids"] = torch.tensor([0, 0, 0, 1, 1, 2, 2, 2, 2, 2, 3, 3])
+    for query_t, query_g in zip(_queries(torchrl_data), _queries(gpubuf)):
+        theirs = torchrl_data.filter_trajectories(data, query_t)
+        ours = gpubuf.filter_trajectories(data, query_g)
+        assert_same([t.get("obs") for t in theirs], [t.get("obs") for t in ours])
+        assert all(isinstance(t, gpubuf.Trajectory) for t in ours)
+    assert [t.length for t in gpubuf.iter_trajectories(data)] == [t.length for t in torchrl_data.iter_trajectories(data)]
+    predicate = (gpubuf.traj.reward.sum() > 8) & (gpubuf.traj.length >= 3)
+    assert isinstance(predicate, gpubuf.TrajectoryPredicate)
+    with pytest.raises(TypeError, match="ambiguous"):
+        gpubuf.filter_trajectories(data, gpubuf.traj.reward > 5)
+
+
+def test_query_refuses_non_tensordict_storage():
+    rb = gpubuf.ReplayBuffer(storage=gpubuf.LazyTensorStorage(4))
+    rb.extend(torch.arange(3))
+    with pytest.raises(TypeError, match="tensordict-backed"):
+        rb.query()
