@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 import torch
 from tensordict import TensorDictBase
+from tensordict.utils import unravel_key
 
 from gpubuf.buffers.base import ReplayBuffer
 from gpubuf.buffers.tensordict import TensorDictReplayBuffer
@@ -202,7 +203,39 @@ class TensorDictPrioritizedReplayBuffer(_PrioritizedMixin, TensorDictReplayBuffe
         """
         if update_priority is None or update_priority:
             self._check_priorities(tensordicts, batched=True)
-        return super().extend(tensordicts, update_priority=update_priority)
+        stripped = self._align_priority_column(tensordicts)
+        if stripped is None:
+            return super().extend(tensordicts, update_priority=update_priority)
+        # The batch carries priorities the storage has no column for: they set the priorities and
+        # are not stored (the storage's keys were fixed by its first batch).
+        index = super().extend(stripped, update_priority=False)
+        if update_priority is None or update_priority:
+            priority = tensordicts.get(self.priority_key)
+            self.update_priority(index, self._reduce_priority(priority, tensordicts))
+        return index
+
+    def _align_priority_column(self, data: Any) -> Any:
+        """Lets ``priority_key`` come and go between batches, as in TorchRL.
+
+        Returns the batch without its priorities when the storage has no column for them (the
+        caller sets the priorities from them), else None. A batch without priorities written to
+        a storage that has the column gets it filled in place (in a shallow copy) with the
+        priority new items get, the current maximum.
+        """
+        layout = getattr(self._storage, "layout", None)
+        if layout is None or not isinstance(data, TensorDictBase) or len(self._transform):
+            return None
+        key = unravel_key(self.priority_key)
+        key = key if isinstance(key, tuple) else (key,)
+        position = layout.index_of(key)
+        present = data.get(self.priority_key, None) is not None
+        if present and position is None:
+            return data.exclude(self.priority_key)
+        if not present and position is not None and data.batch_dims:
+            spec = layout.leaves[position]
+            fill = torch.as_tensor(self._sampler.default_priority, dtype=spec.dtype, device=data.device)
+            data.set(self.priority_key, fill.expand(*data.batch_size, *spec.shape).clone())
+        return None
 
     def add(self, data: TensorDictBase) -> int:
         """See :meth:`TensorDictReplayBuffer.add`; the priority is validated before the write."""

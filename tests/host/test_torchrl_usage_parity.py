@@ -735,6 +735,7 @@ def _queries(lib):
 
 
 @pytest.mark.parametrize("fill", ["partial", "wrapped"])
+@pytest.mark.filterwarnings("ignore:No trajectory id entry")
 def test_query_matches_torchrl(fill):
     def run(lib):
         rb = lib.TensorDictReplayBuffer(storage=lib.LazyTensorStorage(16))
@@ -767,3 +768,27 @@ def test_query_refuses_non_tensordict_storage():
     rb.extend(torch.arange(3))
     with pytest.raises(TypeError, match="tensordict-backed"):
         rb.query()
+
+
+# ---------------------------------------------------------------------- a priority key that comes and goes
+def _weights_by_index(rb, draws=64):
+    """index -> importance weight, from enough draws to see every item (deterministic per index)."""
+    torch.manual_seed(0)
+    _, info = rb.sample(draws, return_info=True)
+    return {int(i): round(float(w), 5) for i, w in zip(info["index"], info["priority_weight"])}
+
+
+@pytest.mark.parametrize("order", ["appears", "disappears"])
+def test_priority_key_appearing_or_disappearing_sets_priorities_as_torchrl(order):
+    def run(lib):
+        rb = lib.TensorDictPrioritizedReplayBuffer(alpha=1.0, beta=1.0, storage=lib.LazyTensorStorage(8))
+        with_key = TensorDict({"obs": torch.ones(2), "td_error": torch.tensor([5.0, 7.0])}, [2])
+        without = TensorDict({"obs": torch.zeros(2)}, [2])
+        batches = [without, with_key, without] if order == "appears" else [with_key, without, with_key.clone()]
+        for batch in batches:
+            rb.extend(batch)
+        return _weights_by_index(rb), rb[:]["obs"]
+
+    theirs, ours = both(run)
+    assert theirs[0] == ours[0]
+    assert_same(theirs[1], ours[1])
