@@ -728,7 +728,10 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
     def __iter__(self):
         """Yields batches of ``batch_size`` until the sampler runs out (never, for random samplers)."""
         if self._batch_size is None:
-            raise BatchSizeError("cannot iterate over a buffer built without a batch_size")
+            raise BatchSizeError(
+                "Cannot iterate over the replay buffer. Batch_size was not specified during construction of the "
+                "replay buffer."
+            )
         self._sampler.ran_out = False
         while not self._sampler.ran_out:
             yield self.sample()

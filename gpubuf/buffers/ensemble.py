@@ -210,6 +210,9 @@ class ReplayBufferEnsemble(ReplayBuffer):
             chunks = self._storage.get(index)
             data = self._collate_fn([self._collate_fns[i](chunk) for i, chunk in chunks])
         buffer_ids = index.get("buffer_ids")
+        # TorchRL's info: a TensorDict whose "index" entry holds "buffer_ids" and the members' rows
+        # "index", beside the members' other info entries (priority weights), stacked per chunk.
+        entries = {k: v for k, v in info.items() if isinstance(v, torch.Tensor) and v.shape[:1] == buffer_ids.shape}
         if isinstance(data, TensorDictBase) and data.batch_dims >= 2:
             lead = data.batch_size[:2]
             rows = index.get("index")
@@ -221,9 +224,9 @@ class ReplayBufferEnsemble(ReplayBuffer):
                 batch_size=lead,
             )
             data.set("index", marks)
-        info = dict(info)
-        info["index"] = index
-        info["buffer_ids"] = buffer_ids
+            info = TensorDict({"index": marks, **{k: v for k, v in entries.items() if v.shape[:2] == lead}}, batch_size=lead)
+        else:
+            info = TensorDict({"index": index, **entries}, batch_size=buffer_ids.shape)
         if len(self._transform):
             data = self._apply_transform(data)
         return data, info
@@ -232,8 +235,11 @@ class ReplayBufferEnsemble(ReplayBuffer):
         """Samples ``batch_size`` items as ``[num_buffer_sampled, batch_size // num_buffer_sampled]``.
 
         Returns:
-            The collated sample; with ``return_info``, also ``info`` holding ``"index"`` (the
-            sampler's TensorDict of ``"index"`` and ``"buffer_ids"``) and ``"buffer_ids"``.
+            The collated sample; with ``return_info``, also ``info``, a TensorDict as TorchRL's:
+            ``("index", "buffer_ids")`` and ``("index", "index")`` (the rows in each member) and the
+            members' other info entries (``"priority_weight"``), of batch size
+            ``[num_buffer_sampled]`` (``[num_buffer_sampled, B // num_buffer_sampled]`` for
+            TensorDict members, whose samples carry the same ``"index"`` entry).
 
         Raises:
             BatchSizeError: no batch size, or one that is not a multiple of ``num_buffer_sampled``

@@ -9,7 +9,7 @@ import torch
 from gpubuf.errors import BatchSizeError, EmptyBufferError
 from gpubuf.samplers.base import Sampler
 
-_EMPTY = "cannot sample from an empty storage: extend the buffer first"
+_EMPTY = "Cannot sample from an empty storage. Extend the buffer first."
 
 
 def _check_batch_size(batch_size: Any) -> int:

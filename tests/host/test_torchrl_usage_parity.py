@@ -382,7 +382,7 @@ def test_sampler_ensemble_sampleable_weights():
     rb = gpubuf.ReplayBufferEnsemble(rb0, rb1, p="sampleable", num_buffer_sampled=2, batch_size=4)
     _, info = rb.sample(return_info=True)
     # Only the member holding items can be drawn.
-    assert info["buffer_ids"].tolist() == [1, 1]
+    assert info["index", "buffer_ids"].tolist() == [1, 1]
     assert np.isclose(float(rb.sampler._sampleable_count(rb1.storage, 2)), 4)
 
 
@@ -792,3 +792,46 @@ def test_priority_key_appearing_or_disappearing_sets_priorities_as_torchrl(order
     theirs, ours = both(run)
     assert theirs[0] == ours[0]
     assert_same(theirs[1], ours[1])
+
+
+def test_error_messages_begin_with_torchrl_wording():
+    # Code written for TorchRL matches on these messages.
+    for lib in (torchrl_data, gpubuf):
+        for sampler in (lib.RandomSampler(), lib.SamplerWithoutReplacement()):
+            rb = lib.ReplayBuffer(storage=lib.LazyTensorStorage(4), sampler=sampler)
+            with pytest.raises(RuntimeError, match="^Cannot sample from an empty storage"):
+                rb.sample(2)
+        rb = lib.PrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=lib.LazyTensorStorage(4))
+        with pytest.raises(RuntimeError, match="^Cannot sample from an empty storage"):
+            rb.sample(2)
+        with pytest.raises(RuntimeError, match="^Cannot iterate over the replay buffer. Batch_size was not specified"):
+            next(iter(lib.ReplayBuffer(storage=lib.LazyTensorStorage(4))))
+
+
+# ---------------------------------------------------------------------- ensemble info
+@pytest.mark.parametrize("members", ["tensordict", "tensor", "prioritized"])
+def test_ensemble_sample_info_has_torchrl_structure(members):
+    def run(lib):
+        rbs = []
+        for m in range(2):
+            if members == "tensordict":
+                rb = lib.TensorDictReplayBuffer(storage=lib.LazyTensorStorage(4))
+                rb.extend(TensorDict({"obs": torch.full((4,), float(m))}, [4]))
+            elif members == "tensor":
+                rb = lib.ReplayBuffer(storage=lib.LazyTensorStorage(4))
+                rb.extend(torch.full((4, 2), float(m)))
+            else:
+                rb = lib.PrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=lib.LazyTensorStorage(4))
+                rb.extend(torch.full((4, 2), float(m)))
+            rbs.append(rb)
+        ensemble = lib.ReplayBufferEnsemble(*rbs, batch_size=4, sample_from_all=True)
+        _, info = ensemble.sample(return_info=True)
+        return info
+
+    theirs, ours = both(run)
+    assert isinstance(ours, TensorDict)
+    assert ours.batch_size == theirs.batch_size
+    assert set(ours.keys(True, True)) == set(theirs.keys(True, True))
+    for key in theirs.keys(True, True):
+        assert ours.get(key).shape == theirs.get(key).shape, key
+    assert_same(theirs["index", "buffer_ids"], ours["index", "buffer_ids"])
