@@ -835,3 +835,13 @@ def test_ensemble_sample_info_has_torchrl_structure(members):
     for key in theirs.keys(True, True):
         assert ours.get(key).shape == theirs.get(key).shape, key
     assert_same(theirs["index", "buffer_ids"], ours["index", "buffer_ids"])
+
+
+@pytest.mark.parametrize("data", [torch.tensor([1.0, 5.0]), {"r": torch.tensor([1.0, 5.0])}], ids=["tensor", "dict"])
+def test_max_value_writer_refuses_plain_data_as_torchrl(data):
+    # TorchRL 0.14.1 refuses plain tensors and dicts here too, with a RuntimeError.
+    for lib in (torchrl_data, gpubuf):
+        rb = lib.ReplayBuffer(storage=lib.LazyTensorStorage(3), writer=lib.TensorDictMaxValueWriter(rank_key="r"))
+        with pytest.raises(RuntimeError, match="tensor collection|TensorDicts or tensorclasses"):
+            rb.extend(data)
+        assert len(rb) == 0
