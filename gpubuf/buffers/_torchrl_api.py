@@ -1,5 +1,6 @@
 """TorchRL's buffer members beyond writing and sampling: delayed construction, in-place writes,
-whole-storage reads and writes, ``can_sample``, ``stats``, ``next``, ``share``, ``synchronize``.
+whole-storage reads and writes, conditional updates, trajectory queries, consumed-slot reuse,
+``can_sample``, ``stats``, ``next``, ``share``, ``synchronize``.
 
 :class:`~gpubuf.buffers.ReplayBuffer` inherits them from :class:`BufferExtras`; they only use the
 buffer's public behaviour and its components, so they work for every buffer class.
@@ -7,10 +8,9 @@ buffer's public behaviour and its components, so they work for every buffer clas
 
 from __future__ import annotations
 
-from typing import Any
-
 import inspect
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import torch

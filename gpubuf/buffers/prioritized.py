@@ -79,6 +79,7 @@ class PrioritizedReplayBuffer(_PrioritizedMixin, ReplayBuffer):
             storage's device (or the ``batch_device``, for the batch, when one is given).
             Cannot be combined with ``sampler``.
         sync: only True is supported (TorchRL's default).
+        delayed_init: build the components at the first use (default False, TorchRL's default here).
         **kwargs: every other :class:`ReplayBuffer` argument (``collate_fn``, ``pin_memory``,
             ``prefetch``, ``transform``, ``batch_size``, ``dim_extend``, ``generator``, ...).
 
@@ -137,6 +138,7 @@ class TensorDictPrioritizedReplayBuffer(_PrioritizedMixin, TensorDictReplayBuffe
         sync: only True is supported.
         reduction: ``"max"`` (default), ``"min"``, ``"median"`` or ``"mean"``.
         dtype: dtype of the tree's leaves and weights (a gpubuf extension; TorchRL uses float).
+        compilable: accepted for TorchRL compatibility (default False, TorchRL's default here).
         **kwargs: every other :class:`TensorDictReplayBuffer` argument.
 
     Examples:
