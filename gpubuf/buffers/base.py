@@ -189,6 +189,8 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         self.set_rng(generator)
 
     _default_writer = RoundRobinWriter
+    # TensorDict buffers report each drawn row's slot generation (info["index_generation"]).
+    _reports_generations = False
 
     # ------------------------------------------------------------------ components
     @property
@@ -378,6 +380,9 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         if self._sample_unit is not None:
             index, info = self._sample_unit.expand(index, info, self._storage)
         info["index"] = index
+        if self._reports_generations and self._writer.tracks_generations:
+            # The handles of update_if_present, in the sample as TorchRL puts them.
+            info["index_generation"] = self._writer.generations_of(index)
         return index, info
 
     def _read_drawn(self, index: Any, info: dict, batch_size: int) -> Any:

@@ -68,7 +68,9 @@ class RoundRobinWriter(Writer):
     def add(self, data: Any) -> int:
         """Writes one item at the cursor and returns its index (int; a coordinate tensor for ``ndim > 1``)."""
         if _appends(self._storage):
-            return self._replicate_index(self._storage._append_rows(data, single=True))
+            index = self._storage._append_rows(data, single=True)
+            self._bump_generation(index)
+            return self._replicate_index(index)
         index = self._cursor
         cap0 = self._storage._max_size_along_dim0(single_data=data)
         self._storage.set(index, data)
@@ -94,7 +96,9 @@ class RoundRobinWriter(Writer):
         if _appends(self._storage):
             start = self._storage._append_rows(data)
             cap0 = self._storage._max_size_along_dim0(batched_data=data)
-            return self._replicate_index(self._index(start, n, cap0, data))
+            index = self._index(start, n, cap0, data)
+            self._bump_generation(index)
+            return self._replicate_index(index)
         start = self._cursor
         cap0 = self._storage._max_size_along_dim0(batched_data=data)
         index = self._index(start, n, cap0, data)
@@ -218,6 +222,7 @@ class TensorDictRoundRobinWriter(RoundRobinWriter):
             with _index_entry(data, torch.zeros(data.batch_size, dtype=torch.long, device=data.device)) as entry:
                 index = self._storage._append_rows(data, single=True, index_key=entry.key)
             entry.keep(torch.full(data.batch_size, index, dtype=torch.long, device=data.device))
+            self._bump_generation(index)
             return self._replicate_index(index)
         index = self._cursor
         cap0 = self._storage._max_size_along_dim0(single_data=data)
@@ -241,6 +246,7 @@ class TensorDictRoundRobinWriter(RoundRobinWriter):
         cap0 = self._storage._max_size_along_dim0(batched_data=data)
         index = self._index(start, n, cap0, data)
         entry.keep(_index_value(index, data))
+        self._bump_generation(index)
         return self._replicate_index(index)
 
     def _write(self, start: int, index: torch.Tensor, data: Any) -> None:

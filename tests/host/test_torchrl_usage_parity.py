@@ -622,6 +622,7 @@ def test_her_relabels_as_torchrl(strategy):
     assert_same(theirs, ours)
 
 
+@pytest.mark.filterwarnings("ignore:Got conflicting batch_sizes")
 def test_her_docstring_usage_and_refusals():
     for lib in (torchrl_data, gpubuf):
         rb = lib.HERReplayBuffer(reward_fn=_her_reward, storage=lib.LazyTensorStorage(100), batch_size=256)
@@ -845,3 +846,41 @@ def test_max_value_writer_refuses_plain_data_as_torchrl(data):
         with pytest.raises(RuntimeError, match="tensor collection|TensorDicts or tensorclasses"):
             rb.extend(data)
         assert len(rb) == 0
+
+
+def test_update_if_present_docstring_usage_with_index_generation():
+    # TorchRL's documented round trip: handles taken from a sample's "index" and "index_generation".
+    def run(lib):
+        rb = lib.TensorDictReplayBuffer(
+            storage=lib.LazyTensorStorage(10),
+            writer=lib.TensorDictRoundRobinWriter(track_generations=True),
+            batch_size=4,
+            generator=torch.Generator().manual_seed(0),
+        )
+        rb.extend(TensorDict({"obs": torch.zeros(10, 3)}, batch_size=[10]))
+        sample = rb.sample()
+        result = rb.update_if_present(
+            index=sample["index"], generation=sample["index_generation"], patch={"obs": torch.ones(4, 3)}
+        )
+        rb.extend(TensorDict({"obs": torch.full((3, 3), 2.0)}, batch_size=[3]))  # rewrites slots 0..2
+        stale = rb.update_if_present(
+            index=sample["index"], generation=sample["index_generation"], patch={"obs": torch.full((4, 3), 5.0)}
+        )
+        rb.add(TensorDict({"obs": torch.full((3,), 4.0)}, batch_size=[]))
+        return (
+            sample["index_generation"], result.updated_count, result.stale_count, stale.updated,
+            rb[:]["obs"], rb.writer.generations_of(torch.arange(10)),
+        )
+
+    theirs, ours = both(run)
+    assert_same(theirs, ours)
+
+
+def test_generations_are_tracked_on_a_memmap_storage(tmp_path):
+    rb = gpubuf.TensorDictReplayBuffer(
+        storage=gpubuf.LazyMemmapStorage(4, scratch_dir=tmp_path), writer=gpubuf.TensorDictRoundRobinWriter(track_generations=True)
+    )
+    index = rb.extend(TensorDict({"obs": torch.zeros(6)}, [6]))
+    assert rb.writer.generations_of(index).tolist() == [1, 1, 0, 0, 1, 1]
+    result = rb.update_if_present(index=torch.tensor([0, 2]), generation=torch.tensor([0, 0]), patch={"obs": torch.ones(2)})
+    assert result.updated.tolist() == [False, True]
