@@ -13,6 +13,7 @@ from gpubuf.buffers import (
     TensorDictPrioritizedReplayBuffer,
     TensorDictReplayBuffer,
 )
+from gpubuf.checkpoint.ted_hooks import Flat2TED, H5Combine, H5Split, Nested2TED, TED2Flat, TED2Nested
 from gpubuf.checkpoint import (
     CompressedListStorageCheckpointer,
     FlatStorageCheckpointer,
@@ -23,9 +24,20 @@ from gpubuf.checkpoint import (
     StorageEnsembleCheckpointer,
     TensorStorageCheckpointer,
 )
+from gpubuf.buffers.conditional import ConditionalUpdateResult
+from gpubuf.buffers.her import HERReplayBuffer, HindsightStrategy
+from gpubuf.buffers.query import Trajectory, TrajectoryPredicate, filter_trajectories, iter_trajectories, traj
+from gpubuf.buffers.offline_to_online import OfflineToOnlineReplayBuffer, prefill_replay_buffer
+from gpubuf.buffers.sample_units import SampleUnit, Sequence, Transition
+from gpubuf.buffers.scheduler import LambdaScheduler, LinearScheduler, ParameterScheduler, SchedulerList, StepScheduler
+from gpubuf.samplers.deprecated import InPlaceSampler
+from gpubuf.utils import DEFAULT_DONE_KEYS, find_start_stop_traj, pin_memory_output, stack_tensors
 from gpubuf.samplers import (
+    ConsumingSampler,
     PrioritizedSampler,
     PrioritizedSliceSampler,
+    PromptGroupSampler,
+    StalenessAwareSampler,
     RandomSampler,
     Sampler,
     SamplerEnsemble,
@@ -47,6 +59,7 @@ from gpubuf.storages import (
     SpillStorage,
     Storage,
     StorageEnsemble,
+    StoreStorage,
     TensorStorage,
 )
 from gpubuf.writers import (
@@ -109,4 +122,37 @@ __all__ = [
     "ListStorageCheckpointer",
     "CompressedListStorageCheckpointer",
     "StorageEnsembleCheckpointer",
+    "ConsumingSampler",
+    "InPlaceSampler",
+    "ConditionalUpdateResult",
+    "SampleUnit",
+    "Transition",
+    "Sequence",
+    "ParameterScheduler",
+    "LambdaScheduler",
+    "LinearScheduler",
+    "StepScheduler",
+    "SchedulerList",
+    "DEFAULT_DONE_KEYS",
+    "find_start_stop_traj",
+    "pin_memory_output",
+    "stack_tensors",
+    "StoreStorage",
+    "PromptGroupSampler",
+    "StalenessAwareSampler",
+    "OfflineToOnlineReplayBuffer",
+    "prefill_replay_buffer",
+    "HERReplayBuffer",
+    "HindsightStrategy",
+    "TED2Flat",
+    "Flat2TED",
+    "TED2Nested",
+    "Nested2TED",
+    "H5Split",
+    "H5Combine",
+    "Trajectory",
+    "TrajectoryPredicate",
+    "traj",
+    "iter_trajectories",
+    "filter_trajectories",
 ]

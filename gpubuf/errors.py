@@ -48,12 +48,16 @@ class GpubufError(Exception):
     """Base class of every error gpubuf raises on purpose."""
 
 
-class SchemaMismatchError(GpubufError, ValueError):
-    """A batch's keys or trailing shapes differ from what the storage holds."""
+class SchemaMismatchError(GpubufError, ValueError, RuntimeError):
+    """A batch's keys or trailing shapes differ from what the storage holds.
+
+    Also a RuntimeError: TorchRL raises one for a shape mismatch on ``extend``."""
 
 
-class DTypeMismatchError(GpubufError, TypeError):
-    """A batch's leaf has another dtype than the storage's leaf of that key."""
+class DTypeMismatchError(GpubufError, TypeError, RuntimeError):
+    """A batch's leaf has another dtype than the storage's leaf of that key.
+
+    Also a RuntimeError: TorchRL raises one for a dtype mismatch on ``extend``."""
 
 
 class DeviceMismatchError(GpubufError, ValueError):
@@ -84,8 +88,10 @@ class BackendUnavailableError(GpubufError, RuntimeError):
     """An explicit kernel backend was requested that cannot run here."""
 
 
-class PriorityError(GpubufError, ValueError):
-    """A priority that is NaN, infinite or negative, or whose shape does not match its index."""
+class PriorityError(GpubufError, ValueError, RuntimeError):
+    """A priority that is NaN, infinite or negative, or whose shape does not match its index.
+
+    Also a RuntimeError: TorchRL raises one for a priority / index length mismatch."""
 
 
 # ------------------------------------------------------------------ memory-mapped storages

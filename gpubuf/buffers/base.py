@@ -11,7 +11,9 @@ from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
 from gpubuf.buffers._prefetch import Prefetcher
 from gpubuf import staging
+from gpubuf.buffers._torchrl_api import BufferExtras, DelayedInitMeta
 from gpubuf.buffers._transforms import TransformChain
+from gpubuf.buffers.sample_units import SampleUnit
 from gpubuf.errors import BatchSizeError, DeviceMismatchError
 from gpubuf.ops._dispatch import check_backend
 from gpubuf.samplers.base import Sampler
@@ -57,7 +59,7 @@ def _make(component: Any, default: Callable[[], Any], base: type, what: str) -> 
     raise TypeError(f"{what} must be a {base.__name__} or a callable returning one, got {type(component).__name__}")
 
 
-class ReplayBuffer:
+class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
     """A replay buffer: stores items, samples batches of them.
 
     Same API as ``torchrl.data.ReplayBuffer``: change the import and the code runs.
@@ -87,6 +89,15 @@ class ReplayBuffer:
         generator: a ``torch.Generator`` used by every random draw (sampling), for reproducibility.
         shared: accepted for TorchRL compatibility.
         compilable: accepted for TorchRL compatibility.
+        sample_unit: a :class:`~gpubuf.buffers.sample_units.SampleUnit` expanding each drawn index
+            into the records read (default: one record per index).
+        transform_factory: a callable returning the transform, called when the buffer is built
+            (at its first use: it implies ``delayed_init``); excludes ``transform``.
+        consume_after_n_samples: items are consumed (no longer sampled, their slots rewritten
+            first) after being returned this many times: the default sampler becomes a
+            :class:`~gpubuf.samplers.ConsumingSampler`. Excludes ``prefetch``.
+        delayed_init: build the components at the first use of the buffer, not here
+            (default: True with ``transform_factory``, else False).
         batch_device: (gpubuf extension) the device sampled batches are returned on, when it is
             not where the storage keeps its rows. ``None`` (default) follows TorchRL: batches go
             to ``storage.device`` (for a tensor storage, where the rows are; for a memmap
@@ -133,9 +144,16 @@ class ReplayBuffer:
         generator: torch.Generator | None = None,
         shared: bool = False,
         compilable: bool | None = None,
+        sample_unit: SampleUnit | None = None,
+        transform_factory: Callable[[], Callable] | None = None,
+        consume_after_n_samples: int | None = None,
+        delayed_init: bool | None = None,
         batch_device: torch.device | str | None = None,
         backend: str = "auto",
     ) -> None:
+        transform, sampler = self._torchrl_options(
+            transform, sampler, prefetch, sample_unit, transform_factory, consume_after_n_samples
+        )
         if batch_size is not None:
             _check_batch_size(batch_size)
         if prefetch and batch_size is None:
@@ -182,6 +200,8 @@ class ReplayBuffer:
     #: ``(dump(buffer, path), load(buffer, path))``: installed by the package from
     #: :mod:`gpubuf.checkpoint`, which reads the buffer's state (the buffer never imports it).
     _checkpoint_io: tuple[Callable[[Any, Any], None], Callable[[Any, Any], None]] | None = None
+    # TensorDict buffers report each drawn row's slot generation (info["index_generation"]).
+    _reports_generations = False
 
     # ------------------------------------------------------------------ components
     @property
@@ -259,7 +279,7 @@ class ReplayBuffer:
         return previous
 
     def __len__(self) -> int:
-        return len(self._storage)
+        return self._sampler._visible_len(self._storage)
 
     # ------------------------------------------------------------------ writing
     def _transpose(self, data: Any) -> Any:
@@ -280,7 +300,9 @@ class ReplayBuffer:
             data = self._transform.inv(data)
         with self._lock:
             self._invalidate_prefetch()
-            index = self._writer.add(data)
+            index = self._write_consumed(data, batched=False)
+            if index is None:
+                index = self._writer.add(data)
             self._sampler.add(index)
         return index
 
@@ -312,7 +334,9 @@ class ReplayBuffer:
         with self._lock:
             self._invalidate_prefetch()
             data = self._transpose(data)
-            index = self._writer.extend(data)
+            index = self._write_consumed(data, batched=True)
+            if index is None:
+                index = self._writer.extend(data)
             self._sampler.extend(index)
         return index
 
@@ -374,7 +398,12 @@ class ReplayBuffer:
     def _draw(self, batch_size: int) -> tuple[Any, dict]:
         """The sampler's indices and info for one batch. Called with the lock held."""
         index, info = self._sampler.sample(self._storage, batch_size)
+        if self._sample_unit is not None:
+            index, info = self._sample_unit.expand(index, info, self._storage)
         info["index"] = index
+        if self._reports_generations and self._writer.tracks_generations:
+            # The handles of update_if_present, in the sample as TorchRL puts them.
+            info["index_generation"] = self._writer.generations_of(index)
         return index, info
 
     def _read_drawn(self, index: Any, info: dict, batch_size: int) -> Any:
@@ -627,7 +656,10 @@ class ReplayBuffer:
     def __iter__(self):
         """Yields batches of ``batch_size`` until the sampler runs out (never, for random samplers)."""
         if self._batch_size is None:
-            raise BatchSizeError("cannot iterate over a buffer built without a batch_size")
+            raise BatchSizeError(
+                "Cannot iterate over the replay buffer. Batch_size was not specified during construction of the "
+                "replay buffer."
+            )
         self._sampler.ran_out = False
         while not self._sampler.ran_out:
             yield self.sample()
@@ -686,7 +718,7 @@ class ReplayBuffer:
         batches are dropped first (their draws undone), as for any write."""
         self._invalidate_prefetch()
         state = dict(self.__dict__)
-        for name in ("_lock", "_prefetch_executor", "_prefetcher", "_side_streams", "_route_cache"):
+        for name in ("_lock", "_prefetch_executor", "_prefetcher", "_side_streams", "_route_cache", "_update_executor", "_iterator"):
             state.pop(name, None)
         return state
 

@@ -7,6 +7,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from tensordict import TensorDict, TensorDictBase
+from tensordict.utils import unravel_key
 
 from gpubuf._ensemble import member_positions
 from gpubuf.buffers.base import ReplayBuffer, _identity, _stack_anything
@@ -80,10 +81,18 @@ class ReplayBufferEnsemble(ReplayBuffer):
         p: Sequence[float] | torch.Tensor | None = None,
         sample_from_all: bool = False,
         num_buffer_sampled: int | None = None,
+        routing_key: Any = None,
+        routing_dim: int | None = None,
         generator: torch.Generator | None = None,
         shared: bool = False,
         **kwargs: Any,
     ) -> None:
+        if routing_key is not None and routing_dim is not None:
+            raise ValueError("routing_key and routing_dim are mutually exclusive.")
+        if routing_dim is not None and (isinstance(routing_dim, bool) or not isinstance(routing_dim, int)):
+            raise TypeError("routing_dim must be an integer.")
+        self.routing_key = unravel_key(routing_key) if routing_key is not None else None
+        self.routing_dim = routing_dim
         if rbs:
             if storages is not None or samplers is not None or writers is not None:
                 raise RuntimeError("pass either replay buffers or storages/samplers/writers, not both")
@@ -121,11 +130,73 @@ class ReplayBufferEnsemble(ReplayBuffer):
         )
 
     # ------------------------------------------------------------------ writing is refused
-    def add(self, data: Any) -> int:
-        raise ImmutableStorageError("a ReplayBufferEnsemble is written through its members: ensemble[i].add(...)")
+    def add(self, data: Any) -> Any:
+        """With ``routing_key``: writes one record to the member it names; returns its metadata
+        (``"buffer_ids"``, ``"index"``). Otherwise refused: write to a member."""
+        if self.routing_key is None and self.routing_dim is None:
+            raise ImmutableStorageError("a ReplayBufferEnsemble is written through its members: ensemble[i].add(...)")
+        if self.routing_dim is not None:
+            raise RuntimeError("Use extend() for routing_dim writes.")
+        if data.ndim:
+            raise ValueError("add() expects a scalar TensorDict record.")
+        return self.extend(data.unsqueeze(0))[0]
 
-    def extend(self, data: Any, *, update_priority: bool | None = None) -> torch.Tensor:
-        raise ImmutableStorageError("a ReplayBufferEnsemble is written through its members: ensemble[i].extend(...)")
+    def extend(self, data: Any, *, update_priority: bool | None = None) -> Any:
+        """With ``routing_key`` or ``routing_dim``: writes each record to the member it is routed to
+        and returns a flat TensorDict of ``"buffer_ids"`` and member-local ``"index"``, aligned
+        with ``data.reshape(-1)``. Otherwise refused (``ImmutableStorageError``): write to a member.
+
+        Raises:
+            TypeError: not a TensorDict, or member ids that are not integers.
+            ValueError: ids out of range, or a routing dim whose size is not the member count.
+        """
+        if self.routing_key is None and self.routing_dim is None:
+            raise ImmutableStorageError("a ReplayBufferEnsemble is written through its members: ensemble[i].extend(...)")
+        if update_priority is not None:
+            raise NotImplementedError("update_priority is not supported by routed ensemble writes.")
+        flat, buffer_ids = self._routing(data)
+        local = torch.empty(buffer_ids.numel(), dtype=torch.long, device=buffer_ids.device)
+        with self._lock:
+            for member_id, member in enumerate(self._rbs):
+                positions = (buffer_ids == member_id).nonzero().flatten()
+                if positions.numel():
+                    local[positions] = torch.as_tensor(member.extend(flat[positions])).reshape(-1).to(local.device)
+        return TensorDict({"buffer_ids": buffer_ids, "index": local}, batch_size=[buffer_ids.numel()])
+
+    def _routing(self, data: Any) -> tuple[Any, torch.Tensor]:
+        if not isinstance(data, TensorDictBase):
+            raise TypeError("Routed replay writes require a TensorDict input.")
+        if len(self._transform):
+            data = self._transform.inv(data)
+        flat = data.reshape(-1)
+        members = len(self._rbs)
+        if self.routing_key is not None:
+            buffer_ids = flat.get(self.routing_key)
+            while buffer_ids.ndim > 1 and buffer_ids.shape[-1] == 1:
+                buffer_ids = buffer_ids.squeeze(-1)
+            if buffer_ids.shape != flat.batch_size:
+                raise ValueError(
+                    f"routing_key {self.routing_key!r} must contain one member id per record, got shape "
+                    f"{tuple(buffer_ids.shape)} for batch size {tuple(flat.batch_size)}."
+                )
+        else:
+            if not data.ndim:
+                raise ValueError("routing_dim requires batched input.")
+            dim = self.routing_dim % data.ndim
+            if data.shape[dim] != members:
+                raise ValueError(
+                    f"routing_dim {self.routing_dim} has size {data.shape[dim]}, expected {members} ensemble members."
+                )
+            shape = [1] * data.ndim
+            shape[dim] = members
+            buffer_ids = torch.arange(members, device=data.device or "cpu").reshape(shape).expand(data.batch_size)
+            buffer_ids = buffer_ids.reshape(-1)
+        if buffer_ids.dtype == torch.bool or buffer_ids.is_floating_point():
+            raise TypeError("ReplayBufferEnsemble member ids must be integers.")
+        buffer_ids = buffer_ids.to(torch.long)
+        if buffer_ids.numel() and ((buffer_ids < 0).any() or (buffer_ids >= members).any()):
+            raise ValueError(f"ReplayBufferEnsemble member ids must lie in [0, {members - 1}].")
+        return flat, buffer_ids
 
     def __setitem__(self, index: Any, value: Any) -> None:
         raise ImmutableStorageError("a ReplayBufferEnsemble is written through its members: ensemble[i][rows] = ...")
@@ -137,6 +208,9 @@ class ReplayBufferEnsemble(ReplayBuffer):
             chunks = self._storage.get(index)
             data = self._collate_fn([self._collate_fns[i](chunk) for i, chunk in chunks])
         buffer_ids = index.get("buffer_ids")
+        # TorchRL's info: a TensorDict whose "index" entry holds "buffer_ids" and the members' rows
+        # "index", beside the members' other info entries (priority weights), stacked per chunk.
+        entries = {k: v for k, v in info.items() if isinstance(v, torch.Tensor) and v.shape[:1] == buffer_ids.shape}
         if isinstance(data, TensorDictBase) and data.batch_dims >= 2:
             lead = data.batch_size[:2]
             rows = index.get("index")
@@ -148,9 +222,9 @@ class ReplayBufferEnsemble(ReplayBuffer):
                 batch_size=lead,
             )
             data.set("index", marks)
-        info = dict(info)
-        info["index"] = index
-        info["buffer_ids"] = buffer_ids
+            info = TensorDict({"index": marks, **{k: v for k, v in entries.items() if v.shape[:2] == lead}}, batch_size=lead)
+        else:
+            info = TensorDict({"index": index, **entries}, batch_size=buffer_ids.shape)
         if len(self._transform):
             data = self._apply_transform(data)
         return data, info
@@ -159,8 +233,11 @@ class ReplayBufferEnsemble(ReplayBuffer):
         """Samples ``batch_size`` items as ``[num_buffer_sampled, batch_size // num_buffer_sampled]``.
 
         Returns:
-            The collated sample; with ``return_info``, also ``info`` holding ``"index"`` (the
-            sampler's TensorDict of ``"index"`` and ``"buffer_ids"``) and ``"buffer_ids"``.
+            The collated sample; with ``return_info``, also ``info``, a TensorDict as TorchRL's:
+            ``("index", "buffer_ids")`` and ``("index", "index")`` (the rows in each member) and the
+            members' other info entries (``"priority_weight"``), of batch size
+            ``[num_buffer_sampled]`` (``[num_buffer_sampled, B // num_buffer_sampled]`` for
+            TensorDict members, whose samples carry the same ``"index"`` entry).
 
         Raises:
             BatchSizeError: no batch size, or one that is not a multiple of ``num_buffer_sampled``
@@ -202,7 +279,7 @@ class ReplayBufferEnsemble(ReplayBuffer):
             collate_fns=[self._collate_fns[i] for i in picked],
             sample_from_all=sampler.sample_from_all,
             num_buffer_sampled=sampler._num_buffer_sampled,
-            p=None if sampler.p is None else sampler.p[picked],
+            p=sampler.p if sampler.p is None or isinstance(sampler.p, str) else sampler.p[picked],
         )
 
     def __len__(self) -> int:

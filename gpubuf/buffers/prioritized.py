@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 import torch
 from tensordict import TensorDictBase
+from tensordict.utils import unravel_key
 
 from gpubuf.buffers.base import ReplayBuffer
 from gpubuf.buffers.tensordict import TensorDictReplayBuffer
@@ -78,6 +79,7 @@ class PrioritizedReplayBuffer(_PrioritizedMixin, ReplayBuffer):
             storage's device (or the ``batch_device``, for the batch, when one is given).
             Cannot be combined with ``sampler``.
         sync: only True is supported (TorchRL's default).
+        delayed_init: build the components at the first use (default False, TorchRL's default here).
         **kwargs: every other :class:`ReplayBuffer` argument (``collate_fn``, ``pin_memory``,
             ``prefetch``, ``transform``, ``batch_size``, ``dim_extend``, ``generator``, ...).
 
@@ -104,6 +106,7 @@ class PrioritizedReplayBuffer(_PrioritizedMixin, ReplayBuffer):
         sampler: Sampler | None = None,
         sampler_device: torch.device | str | None = None,
         sync: bool = True,
+        delayed_init: bool = False,
         **kwargs: Any,
     ) -> None:
         _check_sync(sync)
@@ -112,7 +115,7 @@ class PrioritizedReplayBuffer(_PrioritizedMixin, ReplayBuffer):
             sampler = PrioritizedSampler(storage.max_size, alpha, beta, eps, dtype, device=sampler_device)
         elif sampler_device is not None:
             raise TypeError("sampler_device cannot be passed when sampler is provided")
-        super().__init__(storage=storage, sampler=sampler, **kwargs)
+        super().__init__(storage=storage, sampler=sampler, delayed_init=delayed_init, **kwargs)
         self._bind_sampler()
 
 
@@ -135,6 +138,7 @@ class TensorDictPrioritizedReplayBuffer(_PrioritizedMixin, TensorDictReplayBuffe
         sync: only True is supported.
         reduction: ``"max"`` (default), ``"min"``, ``"median"`` or ``"mean"``.
         dtype: dtype of the tree's leaves and weights (a gpubuf extension; TorchRL uses float).
+        compilable: accepted for TorchRL compatibility (default False, TorchRL's default here).
         **kwargs: every other :class:`TensorDictReplayBuffer` argument.
 
     Examples:
@@ -158,6 +162,7 @@ class TensorDictPrioritizedReplayBuffer(_PrioritizedMixin, TensorDictReplayBuffe
         sync: bool = True,
         reduction: str = "max",
         dtype: torch.dtype = torch.float,
+        compilable: bool = False,
         **kwargs: Any,
     ) -> None:
         _check_sync(sync)
@@ -167,7 +172,7 @@ class TensorDictPrioritizedReplayBuffer(_PrioritizedMixin, TensorDictReplayBuffe
         sampler = PrioritizedSampler(
             storage.max_size, alpha, beta, eps, dtype, reduction=reduction, device=sampler_device
         )
-        super().__init__(priority_key=priority_key, storage=storage, sampler=sampler, **kwargs)
+        super().__init__(priority_key=priority_key, storage=storage, sampler=sampler, compilable=compilable, **kwargs)
         self._bind_sampler()
 
     def _check_priorities(self, data: Any, batched: bool) -> None:
@@ -200,7 +205,39 @@ class TensorDictPrioritizedReplayBuffer(_PrioritizedMixin, TensorDictReplayBuffe
         """
         if update_priority is None or update_priority:
             self._check_priorities(tensordicts, batched=True)
-        return super().extend(tensordicts, update_priority=update_priority)
+        stripped = self._align_priority_column(tensordicts)
+        if stripped is None:
+            return super().extend(tensordicts, update_priority=update_priority)
+        # The batch carries priorities the storage has no column for: they set the priorities and
+        # are not stored (the storage's keys were fixed by its first batch).
+        index = super().extend(stripped, update_priority=False)
+        if update_priority is None or update_priority:
+            priority = tensordicts.get(self.priority_key)
+            self.update_priority(index, self._reduce_priority(priority, tensordicts))
+        return index
+
+    def _align_priority_column(self, data: Any) -> Any:
+        """Lets ``priority_key`` come and go between batches, as in TorchRL.
+
+        Returns the batch without its priorities when the storage has no column for them (the
+        caller sets the priorities from them), else None. A batch without priorities written to
+        a storage that has the column gets it filled in place (in a shallow copy) with the
+        priority new items get, the current maximum.
+        """
+        layout = getattr(self._storage, "layout", None)
+        if layout is None or not isinstance(data, TensorDictBase) or len(self._transform):
+            return None
+        key = unravel_key(self.priority_key)
+        key = key if isinstance(key, tuple) else (key,)
+        position = layout.index_of(key)
+        present = data.get(self.priority_key, None) is not None
+        if present and position is None:
+            return data.exclude(self.priority_key)
+        if not present and position is not None and data.batch_dims:
+            spec = layout.leaves[position]
+            fill = torch.as_tensor(self._sampler.default_priority, dtype=spec.dtype, device=data.device)
+            data.set(self.priority_key, fill.expand(*data.batch_size, *spec.shape).clone())
+        return None
 
     def add(self, data: TensorDictBase) -> int:
         """See :meth:`TensorDictReplayBuffer.add`; the priority is validated before the write."""

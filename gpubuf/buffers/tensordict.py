@@ -29,6 +29,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
     """
 
     _default_writer = TensorDictRoundRobinWriter
+    _reports_generations = True
 
     def __init__(self, *, priority_key: str = "td_error", **kwargs: Any) -> None:
         super().__init__(**kwargs)

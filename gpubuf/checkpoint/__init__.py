@@ -18,7 +18,14 @@ open; see :mod:`gpubuf.checkpoint.format`.
   (:mod:`gpubuf.checkpoint.torchrl_import`).
 """
 
-from gpubuf.checkpoint.buffer import dump_buffer, dump_storage, load_buffer, load_storage
+from gpubuf.checkpoint.buffer import (
+    dump_buffer,
+    dump_component,
+    dump_storage,
+    load_buffer,
+    load_component,
+    load_storage,
+)
 from gpubuf.checkpoint.checkpointers import (
     CompressedListStorageCheckpointer,
     ListStorageCheckpointer,
@@ -48,6 +55,8 @@ __all__ = [
     "load_buffer",
     "dump_storage",
     "load_storage",
+    "dump_component",
+    "load_component",
     "StorageCheckpointerBase",
     "TensorStorageCheckpointer",
     "FlatStorageCheckpointer",

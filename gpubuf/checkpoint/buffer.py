@@ -450,3 +450,19 @@ def _get(arrays: dict, name: str) -> torch.Tensor:
         return arrays[name]
     except KeyError:
         raise CheckpointCorruptError(f"array {name!r} is referenced but not in the checkpoint") from None
+
+
+# ---------------------------------------------------------------------- one sampler or writer
+def dump_component(component: Any, slot: str, path: Any) -> None:
+    """Writes a checkpoint holding one sampler or writer (``slot``: ``"sampler"`` or ``"writer"``)
+    to the directory ``path``; the format and guarantees of :func:`dump_buffer`."""
+    _dump(Path(path).absolute(), {slot: (component, codec_for(component))}, Context(), None)
+
+
+def load_component(component: Any, slot: str, path: Any) -> None:
+    """Restores one sampler or writer from a checkpoint of :func:`dump_component` or
+    :func:`dump_buffer` (its ``slot`` component); validated first, unchanged on error."""
+    final = Path(path).absolute()
+    meta, arrays, context = _read(final, None)
+    components = require(meta, "components", dict, "meta.json")
+    _prepare(slot, components, arrays, (component, codec_for(component)), context)()

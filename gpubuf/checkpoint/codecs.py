@@ -273,7 +273,13 @@ class RoundRobinWriterCodec(Codec):
     name = "round_robin_writer"
 
     def to_checkpoint(self, component: Any, context: Context) -> tuple[dict, dict]:
-        return {"cursor": int(component._cursor), "write_count": int(component._write_count)}, {}
+        state = {"cursor": int(component._cursor), "write_count": int(component._write_count)}
+        generation = component.__dict__.get("_generation") if component.tracks_generations else None
+        if generation is None:
+            return state, {}
+        # The slot generations of a writer that tracks them (absent from older checkpoints).
+        state["generation"] = "generation"
+        return state, {"generation": generation}
 
     def from_checkpoint(self, component: Any, state: dict, arrays: Mapping[str, Any], context: Context) -> Apply:
         from gpubuf.writers.round_robin import RoundRobinWriter
@@ -285,12 +291,21 @@ class RoundRobinWriterCodec(Codec):
         if storage is not None and hasattr(storage, "max_size") and cursor >= max(storage.max_size, 1):
             raise CheckpointCorruptError(f"writer state: cursor {cursor} is past the storage's capacity {storage.max_size}")
 
+        generation = None
+        if state.get("generation") is not None and component.tracks_generations:
+            generation = _array(arrays, require(state, "generation", str, "writer state"))
+            if generation.dtype != torch.int64 or generation.ndim != 1:
+                raise CheckpointCorruptError("writer state: the slot generations must be a 1-D int64 array")
+            generation = generation.clone()
+
         def apply() -> None:
             # Assigned on the writer itself, at commit time: with a storage that shares its write
             # state between processes (LazyMemmapStorage), these properties write that state.
             component._cursor = cursor
             if write_count is not None:
                 component._write_count = write_count
+            if generation is not None:
+                component._generation = generation
 
         return apply
 

@@ -73,6 +73,7 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
 
     def _hooked_state(self, storage: Any, state: dict, hooks: list, context: Context) -> tuple[dict, dict]:
         data = storage._storage
+        _tell_hooks_the_ring(storage, hooks, context)
         for hook in hooks:
             data = call_hook(hook, data, path=context.scratch)
         encoder, arrays = Encoder.collecting("h")
@@ -281,3 +282,19 @@ register_codec("gpubuf.storages.tensor.LazyTensorStorage", TensorStorageCheckpoi
 # TorchRL writes memory-mapped storages with TensorStorageCheckpointer too; it lists their files
 # in place when the dump goes where they live.
 register_codec("gpubuf.storages.memmap.LazyMemmapStorage", TensorStorageCheckpointer)
+
+
+def _tell_hooks_the_ring(storage: Any, hooks: list, context: Context) -> None:
+    """Sets ``is_full`` and ``shift`` (one past the last row written) on the save hooks that have
+    them (TorchRL's TED hooks), as TorchRL's checkpointers do."""
+    writer = getattr(getattr(context, "buffer", None), "_writer", None)
+    cap0 = getattr(storage, "_capacity_along_dim0", None) or storage.max_size
+    if writer is not None and getattr(writer, "_write_count", 0):
+        shift = (writer._cursor - 1) % cap0 + 1
+    else:
+        shift = len(storage)
+    for hook in hooks:
+        if hasattr(hook, "is_full"):
+            hook.is_full = bool(storage._is_full)
+        if hasattr(hook, "shift"):
+            hook.shift = shift

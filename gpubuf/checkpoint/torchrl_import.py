@@ -120,8 +120,13 @@ def _key_file(key: str) -> list[str]:
     return [encoded] if encoded == key or "/" in key or "\\" in key else [encoded, key]
 
 
-def _td_dir(reader: _Reader, rel_dir: str, prefix: tuple, leaves: list) -> dict:
-    """Parses a memory-mapped TensorDict directory; appends ``(key, dtype, shape, file)`` leaves."""
+def _td_dir(reader: _Reader, rel_dir: str, prefix: tuple, leaves: list, compact: dict | None = None) -> dict:
+    """Parses a memory-mapped TensorDict directory; appends ``(key, dtype, shape, file)`` leaves.
+
+    With ``compact`` (the root of a storage written by TorchRL's Flat/Nested checkpointers), its
+    non-tensor entries (``shift``, ``is_full``, ``_storage_shape``) and nested tensors are
+    collected there instead of refused.
+    """
     meta = reader.json(f"{rel_dir}/meta.json")
     if not isinstance(meta, dict):
         raise CheckpointCorruptError(f"{rel_dir}/meta.json: expected an object")
@@ -131,9 +136,19 @@ def _td_dir(reader: _Reader, rel_dir: str, prefix: tuple, leaves: list) -> dict:
         where = f"{rel_dir}/meta.json[{key!r}]"
         if not isinstance(entry, dict):
             raise CheckpointMismatchError(f"{where}: a non-tensor entry ({entry!r:.40}); only tensors are imported")
+        if compact is not None and entry.get("type") == "NonTensorData" and not prefix:
+            sub = _existing(reader, rel_dir, _key_file(key), where)
+            value = reader.json(f"{sub}/meta.json")
+            if not isinstance(value, dict) or not value.get("_is_non_tensor") or "data" not in value:
+                raise CheckpointCorruptError(f"{sub}/meta.json: expected a NonTensorData entry")
+            compact[key] = value["data"]
+            continue
         if "dtype" in entry and "shape" in entry:
             if entry.get("is_nested"):
-                raise CheckpointMismatchError(f"{where}: nested (jagged) tensors are not imported")
+                if compact is None:
+                    raise CheckpointMismatchError(f"{where}: nested (jagged) tensors are not imported")
+                _nested_leaf(reader, rel_dir, (*prefix, key), entry, where, compact)
+                continue
             dtype = parse_dtype(entry["dtype"], where)
             shape = parse_shape(entry["shape"], where)
             rel = _existing(reader, rel_dir, [f"{name}.memmap" for name in _key_file(key)], where)
@@ -146,6 +161,36 @@ def _td_dir(reader: _Reader, rel_dir: str, prefix: tuple, leaves: list) -> dict:
         else:
             raise CheckpointMismatchError(f"{where}: unknown entry {entry!r:.60}")
     return meta
+
+
+class _NoBar:
+    """A progress bar that shows nothing (the row shapes of nested tensors are a few bytes)."""
+
+    def update(self, n: int) -> None:
+        pass
+
+
+_NO_BAR = _NoBar()
+
+
+def _nested_leaf(reader: _Reader, rel_dir: str, key: tuple, entry: dict, where: str, compact: dict) -> None:
+    """A nested tensor of TorchRL's nested layout: its row shapes are read now (to size its values)."""
+    dtype = parse_dtype(entry["dtype"], where)
+    rows = parse_shape(entry["shape"], where)
+    names = _key_file(key[-1])
+    values_rel = _existing(reader, rel_dir, [f"{name}.memmap" for name in names], where)
+    shapes_rel = _existing(reader, rel_dir, [f"{name}.shape.memmap" for name in names], where)
+    if len(rows) != 2:
+        raise CheckpointCorruptError(f"{where}: a nested tensor of {len(rows)} dims, expected [rows, dims]")
+    reader.consumed.add(shapes_rel)
+    raw = read_file(reader.root, shapes_rel, {"nbytes": rows.numel() * 8, "crc32": None}, _NO_BAR)
+    shapes = raw.view(torch.int64).view(rows)
+    if shapes.numel() and (int(shapes.min()) < 0 or bool((shapes[:, 1:] != shapes[:1, 1:]).any())):
+        raise CheckpointCorruptError(f"{shapes_rel}: rows of negative or differing trailing shapes")
+    feature = torch.Size(shapes[0, 1:].tolist()) if shapes.numel() else torch.Size()
+    total = int(shapes[:, 0].sum()) if shapes.numel() else 0
+    name = f"compact/{len(compact.setdefault('__nested__', []))}"
+    compact["__nested__"].append((key, reader.array(name, values_rel, dtype, torch.Size([total, *feature]))))
 
 
 def _existing(reader: _Reader, rel_dir: str, names: list[str], where: str) -> str:
@@ -171,6 +216,8 @@ def _storage(reader: _Reader, buffer: Any) -> tuple[dict, dict]:
 
     from gpubuf.storages._layout import Layout, LeafSpec
 
+    if not reader.exists("storage/storage_metadata.json") and reader.exists(H5_FILE):
+        return _h5_storage(reader, buffer), {}
     smeta = reader.json("storage/storage_metadata.json")
     where = "storage/storage_metadata.json"
     is_pytree = require(smeta, "is_pytree", bool, where)
@@ -182,6 +229,15 @@ def _storage(reader: _Reader, buffer: Any) -> tuple[dict, dict]:
         root = reader.json("storage/meta.json")
         module, name = _class_of(root.get("_type"), "storage/meta.json")
         leaves: list = []
+        if module == "tensordict._td" and name == "TensorDict" and _is_compact(root):
+            # Written by TorchRL's FlatStorageCheckpointer / NestedStorageCheckpointer: rebuilt
+            # into TED rows once the arrays are read (read_torchrl_checkpoint).
+            compact: dict = {}
+            reader.consumed.discard("storage/meta.json")
+            _td_dir(reader, "storage", (), leaves, compact)
+            for i, (key, dtype, shape, rel) in enumerate(leaves):
+                compact.setdefault("__flat__", []).append((key, reader.array(f"compact/flat_{i}", rel, dtype, shape)))
+            return {"compact": compact, "length": length, "ndim": ndim}, arrays
         if module == "tensordict._td" and name == "TensorDict":
             kind, container, td_meta = "tensordict", TensorDict, root
             reader.consumed.discard("storage/meta.json")
@@ -222,6 +278,113 @@ def _storage(reader: _Reader, buffer: Any) -> tuple[dict, dict]:
         "layout": encode_layout(layout),
     }
     return {"codec": "tensor_storage", "codec_version": 1, "class": "torchrl", "state": state}, arrays
+
+
+H5_FILE = "storage/checkpoint.h5"
+
+
+def _h5_storage(reader: _Reader, buffer: Any) -> dict:
+    """A storage written by TorchRL's ``H5StorageCheckpointer``: one HDF5 group per trajectory
+    (``traj_<i>``, see ``H5Split``) and the scalars ``_len``, ``shift``, ``is_full``,
+    ``_storage_shape``. Read with ``h5py`` (datasets only, no link to another file)."""
+    try:
+        import h5py
+    except ImportError as err:
+        raise CheckpointMismatchError("a TorchRL H5 checkpoint needs h5py (pip install h5py)") from err
+    check_relpath(H5_FILE, "TorchRL checkpoint")
+    reader.consumed.add(H5_FILE)
+    path = resolve_inside(reader.root, H5_FILE, "TorchRL checkpoint")
+    compact: dict = {"__nested__": []}
+    with h5py.File(path, "r") as file:
+
+        def dataset(group: Any, name: str, where: str) -> torch.Tensor:
+            link = group.get(name, getlink=True)
+            if not isinstance(link, h5py.HardLink):
+                raise UnsafeCheckpointError(f"{where}: a link ({type(link).__name__}) is refused")
+            node = group[name]
+            if not isinstance(node, h5py.Dataset) or node.is_virtual or node.external:
+                raise UnsafeCheckpointError(f"{where}: only plain datasets are read")
+            return torch.from_numpy(node[()].copy()) if node.shape else torch.tensor(node[()])
+
+        trajectories: dict[int, dict] = {}
+        for name in file:
+            match = re.fullmatch(r"traj_(\d+)", name)
+            if match is None:
+                if name not in ("_len", "shift", "is_full", "_storage_shape"):
+                    raise CheckpointMismatchError(f"{H5_FILE}: unknown entry {name!r}")
+                compact[name] = dataset(file, name, f"{H5_FILE}:{name}").tolist()
+                continue
+            group = file[name]
+            fields: dict = {}
+
+            def collect(prefix: tuple, node: Any, where: str) -> None:
+                for key in node:
+                    link = node.get(key, getlink=True)
+                    if not isinstance(link, h5py.HardLink):
+                        raise UnsafeCheckpointError(f"{where}/{key}: a link ({type(link).__name__}) is refused")
+                    if isinstance(node[key], h5py.Group):
+                        collect((*prefix, key), node[key], f"{where}/{key}")
+                    else:
+                        fields[(*prefix, key)] = dataset(node, key, f"{where}/{key}")
+
+            collect((), group, f"{H5_FILE}:{name}")
+            trajectories[int(match.group(1))] = fields
+    if not trajectories or any(k not in compact for k in ("_len", "shift", "is_full")):
+        raise CheckpointCorruptError(f"{H5_FILE}: not a TorchRL H5 storage (no trajectories or scalars)")
+    order = [trajectories[i] for i in sorted(trajectories)]
+    keys = set(order[0])
+    if any(set(t) != keys for t in order):
+        raise CheckpointCorruptError(f"{H5_FILE}: trajectories with different keys")
+    for key in sorted(keys):
+        compact["__nested__"].append((key, torch.cat([t[key] for t in order])))
+    if isinstance(compact.get("_storage_shape"), int):
+        compact["_storage_shape"] = [compact["_storage_shape"]]
+    return {"compact": compact, "length": int(compact["_len"]), "ndim": getattr(getattr(buffer, "_storage", None), "ndim", 1)}
+
+
+def _is_compact(root: dict) -> bool:
+    return all(isinstance(root.get(k), dict) and root[k].get("type") == "NonTensorData" for k in ("shift", "is_full"))
+
+
+def _compact_storage(entry: dict, arrays: dict) -> dict:
+    """The TED rows of a TorchRL Flat/Nested checkpoint (through ``Flat2TED`` / ``Nested2TED``'s
+    rebuild), as a native storage entry; their leaves are put in ``arrays``."""
+    from tensordict import TensorDict
+
+    from gpubuf.checkpoint.ted_hooks import Flat2TED
+    from gpubuf.storages._layout import Layout
+
+    compact = entry["compact"]
+    flat = TensorDict()
+    for key, name in compact.get("__flat__", []) + compact.get("__nested__", []):
+        flat.set(key, arrays.pop(name) if isinstance(name, str) else name)
+    storage_shape = compact.get("_storage_shape")
+    for key in ("shift", "is_full", "_storage_shape"):
+        if key in compact:
+            flat.set_non_tensor(key, compact[key])
+    if "done" not in flat.keys():
+        raise CheckpointMismatchError("the TorchRL compact checkpoint holds no 'done' entry to rebuild trajectories from")
+    if compact.get("__nested__") and storage_shape is None:
+        raise CheckpointCorruptError("the TorchRL nested checkpoint records no _storage_shape")
+    try:
+        ted = Flat2TED()(flat)
+    except (RuntimeError, IndexError, ValueError, KeyError) as err:
+        raise CheckpointCorruptError(f"the TorchRL compact checkpoint does not rebuild into TED rows: {err}") from err
+    ted = ted.filter_non_tensor_data() if hasattr(ted, "filter_non_tensor_data") else ted
+    layout = Layout.from_batch(ted, leading=1)
+    leaves = layout.split(ted, leading=None, device=None)
+    for i, leaf in enumerate(leaves):
+        arrays[f"storage/leaf_{i}"] = leaf.contiguous()
+    state = {
+        "max_size": int(ted.shape[0]),
+        "ndim": entry["ndim"],
+        "len": entry["length"],
+        "initialized": True,
+        "auto_device": False,
+        "device": None,
+        "layout": encode_layout(layout),
+    }
+    return {"codec": "tensor_storage", "codec_version": 1, "class": "torchrl", "state": state}
 
 
 def _cap0(reader: _Reader, arrays: dict) -> int:
@@ -341,6 +504,8 @@ def read_torchrl_checkpoint(path: Path, buffer: Any) -> tuple[dict, dict]:
     skipped = [name for name in SKIPPED_PICKLES if (path / name).is_file() and not (path / name).is_symlink()]
     scan_directory(path, reader.consumed, allowed_extra=skipped)
     arrays = reader.read_all()
+    if "compact" in storage_entry:
+        storage_entry = _compact_storage(storage_entry, arrays)
     for name in skipped:
         warnings.warn(
             f"{name} of the TorchRL checkpoint {path} is a pickle and was not read: {SKIPPED_PICKLES[name]}",

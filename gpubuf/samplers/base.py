@@ -77,3 +77,24 @@ class Sampler:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+    # ------------------------------------------------------------------ TorchRL's remaining API
+    def _visible_len(self, storage: Any) -> int:
+        """The buffer's length as its user sees it: every stored item (consuming samplers: the live ones)."""
+        return len(storage)
+
+    def _sampleable_count(self, storage: Any, batch_size: int) -> int:
+        """How many items a draw can come from now (``SamplerEnsemble(p="sampleable")`` weighs by it)."""
+        return len(storage)
+
+    def dumps(self, path: Any) -> None:
+        """Writes this sampler's state as a pickle-free checkpoint directory (see :mod:`gpubuf.checkpoint`)."""
+        from gpubuf.checkpoint import dump_component
+
+        dump_component(self, "sampler", path)
+
+    def loads(self, path: Any) -> None:
+        """Restores this sampler's state from :meth:`dumps`' directory (or a buffer checkpoint's sampler)."""
+        from gpubuf.checkpoint import load_component
+
+        load_component(self, "sampler", path)

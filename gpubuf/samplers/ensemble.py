@@ -27,7 +27,9 @@ class SamplerEnsemble(Sampler):
         *samplers: one sampler per member storage.
 
     Keyword Args:
-        p: relative weights of the members (normalised here), or None.
+        p: relative weights of the members (normalised here), or None; or ``"sampleable"``:
+            weights recomputed at each draw from what each member can serve now (members that
+            cannot are never drawn).
         sample_from_all: one chunk from every member (excludes ``p``).
         num_buffer_sampled: chunks per batch; defaults to the number of members.
 
@@ -62,6 +64,11 @@ class SamplerEnsemble(Sampler):
         if value is None:
             self._p = None
             return
+        if isinstance(value, str):
+            if value != "sampleable":
+                raise ValueError("The only dynamic SamplerEnsemble probability is 'sampleable'.")
+            self._p = value
+            return
         value = torch.as_tensor(value, dtype=torch.float64).reshape(-1)
         if value.numel() != len(self._samplers) or bool((value < 0).any()) or float(value.sum()) <= 0:
             raise ValueError(
@@ -79,10 +86,18 @@ class SamplerEnsemble(Sampler):
     def num_buffer_sampled(self, value: int | None) -> None:
         self._num_buffer_sampled = value
 
-    def _draw_members(self) -> torch.Tensor:
+    def _draw_members(self, storage: Any = None, chunk: int = 1) -> torch.Tensor:
         count = self.num_buffer_sampled
         if self.sample_from_all:
             return torch.arange(count)
+        if isinstance(self._p, str):
+            counts = torch.tensor(
+                [float(s._sampleable_count(m, chunk)) for m, s in zip(storage._storages, self._samplers)],
+                dtype=torch.float64,
+            )
+            if not counts.any():
+                raise EmptyBufferError("None of the replay-buffer ensemble members can be sampled.")
+            return torch.multinomial(counts / counts.sum(), count, replacement=True, generator=_cpu(self._rng))
         if self._p is None:
             return torch.randint(len(self._samplers), (count,), generator=_cpu(self._rng))
         return torch.multinomial(self._p, count, replacement=True, generator=_cpu(self._rng))
@@ -112,7 +127,7 @@ class SamplerEnsemble(Sampler):
                 f"SamplerEnsemble of {len(self._samplers)} samplers needs a StorageEnsemble of as many"
             )
         chunk = batch_size // count
-        buffer_ids = self._draw_members()
+        buffer_ids = self._draw_members(storage, chunk)
         indices: list = [None] * count
         infos: list = [None] * count
         # One draw per member for all its chunks, then split (fewer calls than one per chunk).
@@ -171,7 +186,7 @@ class SamplerEnsemble(Sampler):
             raise IndexError(f"cannot index a SamplerEnsemble with {type(index).__name__}")
         return SamplerEnsemble(
             *[self._samplers[i] for i in picked],
-            p=None if self._p is None else self._p[picked],
+            p=self._p if self._p is None or isinstance(self._p, str) else self._p[picked],
             sample_from_all=self.sample_from_all,
             num_buffer_sampled=None if self._num_buffer_sampled is None else self._num_buffer_sampled,
         )

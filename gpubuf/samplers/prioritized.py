@@ -24,7 +24,7 @@ from gpubuf.samplers.random import _check_batch_size, _unravel
 
 __all__ = ["PrioritizedSampler"]
 
-_EMPTY = "cannot sample from an empty storage: extend the buffer first"
+_EMPTY = "Cannot sample from an empty storage. Extend the buffer first."
 _ALL_ZERO = "every priority is 0: nothing can be sampled (use eps > 0)"
 _UNBOUND = object()
 _REDUCTIONS = ("max", "min", "median", "mean")

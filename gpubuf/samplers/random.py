@@ -9,7 +9,7 @@ import torch
 from gpubuf.errors import BatchSizeError, EmptyBufferError
 from gpubuf.samplers.base import Sampler
 
-_EMPTY = "cannot sample from an empty storage: extend the buffer first"
+_EMPTY = "Cannot sample from an empty storage. Extend the buffer first."
 
 
 def _check_batch_size(batch_size: Any) -> int:
@@ -22,7 +22,19 @@ class RandomSampler(Sampler):
     """Draws indices uniformly at random, with replacement, from the written range.
 
     Indices come from ``torch.randint`` on the storage's device with the buffer's generator.
+
+    Keyword Args:
+        replacement: ``False`` builds a :class:`SamplerWithoutReplacement` instead, with the other
+            keyword arguments (``drop_last``, ``shuffle``), as TorchRL does.
     """
+
+    def __new__(cls, *args: Any, replacement: bool = True, **kwargs: Any):
+        if not replacement and cls is RandomSampler:
+            return SamplerWithoutReplacement(*args, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(self, *, replacement: bool = True) -> None:
+        pass
 
     def sample(self, storage: Any, batch_size: int) -> tuple[Any, dict]:
         """Returns ``(index, {})``: a 1-D int64 tensor of ``batch_size`` indices (a tuple of them per

@@ -10,6 +10,7 @@ from gpubuf.storages.frame_stack import FrameStackStorage
 from gpubuf.storages.packed import PackedStorage
 from gpubuf.storages.spill import SpillStorage
 from gpubuf.storages.stack import LazyStackStorage
+from gpubuf.storages.store import StoreStorage
 from gpubuf.storages.tensor import LazyTensorStorage, TensorStorage
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "CompressedListStorage",
     "CompressedTensorStorage",
     "FrameStackStorage",
+    "StoreStorage",
 ]

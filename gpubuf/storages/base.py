@@ -67,6 +67,8 @@ class Storage:
 
     Args:
         max_size: the capacity, a positive int.
+        checkpointer: the checkpointer of :meth:`dumps` / :meth:`loads` (default: the storage
+            kind's own).
         compilable: accepted for TorchRL compatibility; gpubuf storages keep plain Python
             counters either way.
     """
@@ -79,15 +81,17 @@ class Storage:
     _checkpoint_io: tuple[Callable[[Any, Any], None], Callable[[Any, Any], None]] | None = None
     #: The ops' backend (``gpubuf.ops._dispatch``): ``"auto"``, or what the buffer was built with.
     _backend = "auto"
+    # Whether a buffer's update_if_present can patch stored records in place (TorchRL's flag).
+    supports_conditional_update = False
 
-    def __init__(self, max_size: int, *, compilable: bool = False) -> None:
+    def __init__(self, max_size: int, checkpointer: Any = None, compilable: bool = False) -> None:
         self.max_size = check_max_size(max_size)
         self._compilable = compilable
         self._rng: torch.Generator | None = None
         self._attached_entities: list = []
         self._save_hooks: list[Callable] = []
         self._load_hooks: list[Callable] = []
-        self._checkpointer = None
+        self._checkpointer = checkpointer
 
     # ------------------------------------------------------------------ the interface
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:

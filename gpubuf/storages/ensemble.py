@@ -52,7 +52,15 @@ class StorageEnsemble(Storage):
             "a StorageEnsemble takes no writes: write to one of its storages (ensemble[i]) or buffers"
         )
 
-    set = extend = add = _write_rows = _append_rows = _refuse
+    set = _write_rows = _append_rows = _refuse
+
+    def add(self, value: Any) -> None:
+        """Refused: write to a member storage (``ImmutableStorageError``, a RuntimeError)."""
+        self._refuse(value)
+
+    def extend(self, value: Any) -> None:
+        """Refused: write to a member storage (``ImmutableStorageError``, a RuntimeError)."""
+        self._refuse(value)
 
     # ------------------------------------------------------------------ reading
     def get(self, item: Any) -> list[tuple[int, Any]]:

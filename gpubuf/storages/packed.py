@@ -305,7 +305,7 @@ class PackedStorage(Storage):
     # ------------------------------------------------------------------ reading
     def _rand_given_ndim(self, batch_size: int) -> torch.Tensor:
         if self._len == 0:
-            raise EmptyBufferError("cannot sample from an empty storage: extend the buffer first")
+            raise EmptyBufferError("Cannot sample from an empty storage. Extend the buffer first.")
         device = self.device if self._rng is None else self._rng.device
         index = torch.randint(0, self._len, (batch_size,), generator=self._rng, device=device)
         return index.to(self.device)

@@ -67,6 +67,9 @@ class TensorStorage(Storage):
         compilable: accepted for TorchRL compatibility.
     """
 
+    # A buffer's update_if_present patches records in place here.
+    supports_conditional_update = True
+
     def __init__(
         self,
         storage: Any,
@@ -516,10 +519,22 @@ class LazyTensorStorage(TensorStorage):
         ndim: int = 1,
         compilable: bool = False,
         consolidated: bool = False,
+        shared_init: bool = False,
+        cleanup_memmap: bool = True,
     ) -> None:
         check_max_size(max_size)
+        if shared_init and type(self) is LazyTensorStorage:
+            raise NotImplementedError(
+                "LazyTensorStorage(shared_init=True) is not supported: use LazyMemmapStorage(shared_init=True), whose "
+                "files several processes construct and attach to safely"
+            )
         super().__init__(None, max_size, device=device, ndim=ndim, compilable=compilable)
         self.consolidated = consolidated
+        self.cleanup_memmap = cleanup_memmap
+
+    def get(self, indices: Any) -> Any:
+        """Reads the items at ``indices`` (TorchRL's parameter name; see :meth:`TensorStorage.get`)."""
+        return super().get(indices)
 
 
 __all__ = ["TensorStorage", "LazyTensorStorage"]

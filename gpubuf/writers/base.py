@@ -64,3 +64,25 @@ class Writer:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(cursor={self._cursor}, write_count={self._write_count})"
+
+    # ------------------------------------------------------------------ TorchRL's remaining API
+    @property
+    def tracks_generations(self) -> bool:
+        """Whether this writer counts each slot's writes (see ``RoundRobinWriter(track_generations=True)``)."""
+        return False
+
+    def generations_of(self, index: int | torch.Tensor) -> torch.Tensor:
+        """The generation of the slots at ``index``: ``-1`` for a writer that does not track them."""
+        return torch.full_like(torch.as_tensor(index, dtype=torch.long), -1)
+
+    def dumps(self, path: Any) -> None:
+        """Writes this writer's state as a pickle-free checkpoint directory (see :mod:`gpubuf.checkpoint`)."""
+        from gpubuf.checkpoint import dump_component
+
+        dump_component(self, "writer", path)
+
+    def loads(self, path: Any) -> None:
+        """Restores this writer's state from :meth:`dumps`' directory (or a buffer checkpoint's writer)."""
+        from gpubuf.checkpoint import load_component
+
+        load_component(self, "writer", path)

@@ -75,7 +75,7 @@ class TensorDictMaxValueWriter(Writer):
     def _rank_of(self, data: Any, batched: bool) -> torch.Tensor:
         """One float64 rank per row of ``data`` (``[n]``, or ``[1]`` for one item), on the CPU."""
         if not is_tensor_collection(data):
-            raise UnsupportedDataError(
+            raise NotATensorCollectionError(
                 f"{type(self).__name__} ranks TensorDicts or tensorclasses, got {type(data).__name__}"
             )
         dims = data.batch_dims
@@ -211,3 +211,8 @@ def _rows(data: Any, positions: torch.Tensor) -> Any:
     if positions.numel() == data.batch_size[0] and bool((positions == torch.arange(positions.numel())).all()):
         return data
     return data[positions.to(data.device) if data.device is not None else positions]
+
+
+class NotATensorCollectionError(UnsupportedDataError, RuntimeError):
+    """Data that is not a TensorDict or tensorclass given to a :class:`TensorDictMaxValueWriter`
+    (also a RuntimeError, the class TorchRL raises there)."""

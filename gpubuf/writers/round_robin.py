@@ -58,7 +58,9 @@ class RoundRobinWriter(Writer):
     # ------------------------------------------------------------------ writing
     def add(self, data: Any) -> int:
         """Writes one item at the cursor and returns its index (int; a coordinate tensor for ``ndim > 1``)."""
-        return self._replicate_index(self._storage._append_rows(self._state, data, single=True))
+        index = self._storage._append_rows(self._state, data, single=True)
+        self._bump_generation(index)
+        return self._replicate_index(index)
 
     def extend(self, data: Any) -> torch.Tensor:
         """Writes a batch from the cursor on and returns the int64 indices written.
@@ -73,7 +75,9 @@ class RoundRobinWriter(Writer):
         """
         n = self._check_length(data)
         start = self._storage._append_rows(self._state, data)
-        return self._replicate_index(self._index(start, n, data))
+        index = self._index(start, n, data)
+        self._bump_generation(index)
+        return self._replicate_index(index)
 
     @staticmethod
     def _check_length(data: Any) -> int:
@@ -91,6 +95,91 @@ class RoundRobinWriter(Writer):
         return index if start + n <= cap0 else index % cap0
 
 
+    # ------------------------------------------------------------------ slot generations, explicit writes
+    def __init__(self, compilable: bool = False, *, track_generations: bool = False) -> None:
+        super().__init__(compilable=compilable)
+        self._track_generations = bool(track_generations)
+        self._generation: torch.Tensor | None = None
+
+    @property
+    def tracks_generations(self) -> bool:
+        """Whether each slot's generation (the number of writes into it) is counted."""
+        return self.__dict__.get("_track_generations", False)
+
+    def _bump_generation(self, index: Any) -> None:
+        if not self.tracks_generations:
+            return
+        index = torch.as_tensor(index, dtype=torch.long).reshape(-1).cpu()
+        if self._generation is None or self._generation.numel() < self._storage.max_size:
+            # -1: never written; each write of a slot adds one (the first gives 0).
+            grown = torch.full((self._storage.max_size,), -1, dtype=torch.long)
+            if self._generation is not None:
+                grown[: self._generation.numel()] = self._generation
+            self._generation = grown
+        self._generation.index_put_((index,), torch.ones_like(index), accumulate=True)
+
+    def _empty(self, empty_write_count: bool = True) -> None:
+        super()._empty(empty_write_count=empty_write_count)
+        generation = self.__dict__.get("_generation")
+        if generation is not None:
+            # Emptying invalidates every handle: written slots move on (a reset would make old
+            # handles look live again); never-written ones stay -1.
+            generation[generation >= 0] += 1
+
+    def generations_of(self, index: int | torch.Tensor) -> torch.Tensor:
+        """The current generation of the slots at ``index`` (int64, ``index``'s shape and device):
+        ``-1`` for a slot never written (or out of range), or when generations are not tracked."""
+        if isinstance(index, tuple):
+            index = index[0]
+        tensor = torch.as_tensor(index, dtype=torch.long, device=getattr(index, "device", "cpu"))
+        if not self.tracks_generations or self._generation is None or not self._generation.numel():
+            return torch.full_like(tensor, -1)
+        n = self._generation.numel()
+        cpu = tensor.cpu()
+        found = self._generation[cpu.clamp(0, n - 1)]
+        found = torch.where((cpu >= 0) & (cpu < n), found, torch.full_like(found, -1))
+        return found.to(tensor.device)
+
+    def write_at(self, index: int | torch.Tensor, data: Any) -> int | torch.Tensor:
+        """Writes ``data`` at explicit storage indices, without moving the cursor.
+
+        Counts the items written and bumps the generation of every slot written, so handles taken
+        before on those slots are stale afterwards.
+
+        Returns:
+            The indices written (as :meth:`add` / :meth:`extend` return them).
+        """
+        single = _is_int_index(index)
+        if not single:
+            index = torch.as_tensor(index, dtype=torch.long)
+            if getattr(data, "device", None) is not None:
+                index = index.to(data.device)
+        self._write_at(index, data)
+        self._write_count += 1 if single else index.numel()
+        self._bump_generation(index)
+        storage = self._storage
+        if hasattr(storage, "_len"):
+            top = int(index) if single else (int(index.max()) if index.numel() else -1)
+            if top >= len(storage):
+                storage._len = min(top + 1, storage.max_size)
+        return self._replicate_index(index)
+
+    def _write_at(self, index: Any, data: Any) -> None:
+        self._storage.set(index, data, set_cursor=False)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.tracks_generations and self._generation is not None:
+            state["_generation"] = self._generation.clone()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        if self.tracks_generations:
+            generation = state_dict.get("_generation")
+            self._generation = None if generation is None else torch.as_tensor(generation).clone()
+
+
 class TensorDictRoundRobinWriter(RoundRobinWriter):
     """A :class:`RoundRobinWriter` that also records each item's index under ``"index"``.
 
@@ -104,6 +193,7 @@ class TensorDictRoundRobinWriter(RoundRobinWriter):
         with _index_entry(data, torch.zeros(data.batch_size, dtype=torch.long, device=data.device)) as entry:
             index = self._storage._append_rows(self._state, data, single=True, index_key=entry.key)
         entry.keep(torch.full(data.batch_size, index, dtype=torch.long, device=data.device))
+        self._bump_generation(index)
         return self._replicate_index(index)
 
     def extend(self, data: Any) -> torch.Tensor:
@@ -114,7 +204,15 @@ class TensorDictRoundRobinWriter(RoundRobinWriter):
             start = self._storage._append_rows(self._state, data, index_key=entry.key)
         index = self._index(start, n, data)
         entry.keep(_index_value(index, data))
+        self._bump_generation(index)
         return self._replicate_index(index)
+
+    def _write_at(self, index: Any, data: Any) -> None:
+        value = torch.as_tensor(index, dtype=torch.long, device=getattr(data, "device", None))
+        value = value.expand(data.batch_size) if value.ndim == 0 else _index_value(value, data)
+        with _index_entry(data, value) as entry:
+            super()._write_at(index, data)
+        entry.keep(value)
 
 
 def _index_value(index: torch.Tensor, data: Any) -> torch.Tensor:
@@ -153,6 +251,12 @@ class _index_entry:
             else:
                 self.data.set("index", self.previous)
         return False
+
+
+def _is_int_index(index: Any) -> bool:
+    if isinstance(index, torch.Tensor):
+        return index.ndim == 0
+    return isinstance(index, int) or hasattr(index, "__index__") and not isinstance(index, (list, tuple))
 
 
 __all__ = ["RoundRobinWriter", "TensorDictRoundRobinWriter"]

@@ -46,7 +46,7 @@ def test_members_are_sampled_in_the_asked_proportions(p):
     counts = torch.zeros(3, dtype=torch.float64)
     for _ in range(300):
         sample, info = rb.sample(40, return_info=True)
-        ids = info["buffer_ids"]
+        ids = info["index", "buffer_ids"]
         assert sample.shape == (10, 4, 2)
         # Every chunk comes from the member its id names.
         assert torch.equal(sample[..., 0], ids[:, None].expand(10, 4))
@@ -68,7 +68,7 @@ def test_sample_from_all_and_rows_within_members_are_uniform():
     rows = torch.zeros(5, dtype=torch.float64)
     for _ in range(200):
         sample, info = rb.sample(30, return_info=True)
-        assert info["buffer_ids"].tolist() == [0, 1, 2]
+        assert info["index", "buffer_ids"].tolist() == [0, 1, 2]
         assert torch.equal(sample[..., 0], torch.arange(3)[:, None].expand(3, 10))
         rows += torch.bincount(sample[..., 1].flatten(), minlength=5)
     assert _chi2(rows, torch.full((5,), 0.2, dtype=torch.float64)) < 18.467  # df=4 at 1e-3
@@ -105,7 +105,7 @@ def test_multi_dim_members():
     sample, info = rb.sample(8, return_info=True)
     assert sample.shape == (2, 4)
     assert info["index"]["index"].shape == (2, 4, 2)  # (row, column) coordinates
-    assert torch.equal(sample, info["buffer_ids"][:, None].expand(2, 4))
+    assert torch.equal(sample, info["index", "buffer_ids"][:, None].expand(2, 4))
 
 
 def test_built_from_components_and_list_members():

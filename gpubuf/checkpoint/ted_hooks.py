@@ -1,0 +1,609 @@
+"""TorchRL's TED checkpoint hooks: ``TED2Flat``, ``Flat2TED``, ``TED2Nested``, ``Nested2TED``,
+``H5Split``, ``H5Combine``.
+
+They turn a storage's TED content (each step with its successor under ``"next"``) into the compact
+layouts TorchRL writes (flat: each observation once; nested: one row per trajectory) and back. They
+follow TorchRL's hooks (MIT licence) so that data laid out by either library reads in the other:
+the import of TorchRL-written compact checkpoints (:mod:`gpubuf.checkpoint.torchrl_import`) uses
+``Flat2TED`` and ``Nested2TED``, and a gpubuf storage takes them as save / load hooks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from pathlib import Path
+
+import torch
+from tensordict import NonTensorData, TensorDict, TensorDictBase, lazy_stack
+from tensordict.utils import unravel_key
+from torch.nn import functional as F
+
+from gpubuf.utils import DEFAULT_DONE_KEYS, find_start_stop_traj
+
+__all__ = ["TED2Flat", "Flat2TED", "TED2Nested", "Nested2TED", "H5Split", "H5Combine"]
+
+
+class TED2Flat:
+    """A storage save hook writing TED data in the compact "flat" layout (TorchRL's format).
+
+    Each observation is written once: the root value of every step, and the ``"next"`` value only
+    after a step that ends a trajectory. ``shift`` (the write cursor) and ``is_full`` are set by
+    the checkpointer before the call.
+
+    Args:
+        done_key: the done flag (default ``("next", "done")``).
+        shift_key: where the shift is written (default ``"shift"``).
+        is_full_key: where ``is_full`` is written (default ``"is_full"``).
+        done_keys: the done entries (default :data:`~gpubuf.DEFAULT_DONE_KEYS`).
+        reward_keys: the reward entries (default ``("reward",)``).
+
+    Examples:
+        >>> rb = ReplayBuffer(storage=LazyMemmapStorage(200))
+        >>> rb.register_save_hook(TED2Flat())
+    """
+
+    _shift: int | None = None
+    _is_full: bool | None = None
+
+    def __init__(
+        self,
+        done_key=("next", "done"),
+        shift_key="shift",
+        is_full_key="is_full",
+        done_keys=DEFAULT_DONE_KEYS,
+        reward_keys=("reward",),
+    ):
+        self.done_key = done_key
+        self.shift_key = shift_key
+        self.is_full_key = is_full_key
+        self.done_keys = {unravel_key(key) for key in done_keys}
+        self.reward_keys = {unravel_key(key) for key in reward_keys}
+
+    @property
+    def shift(self):
+        return self._shift
+
+    @shift.setter
+    def shift(self, value: int):
+        self._shift = value
+
+    @property
+    def is_full(self):
+        return self._is_full
+
+    @is_full.setter
+    def is_full(self, value: int):
+        self._is_full = value
+
+    def __call__(self, data: TensorDictBase, path: Path = None):
+        # Get the done state
+        shift = self.shift
+        is_full = self.is_full
+
+        # Create an output storage
+        output = TensorDict()
+        output.set_non_tensor(self.is_full_key, is_full)
+        output.set_non_tensor(self.shift_key, shift)
+        output.set_non_tensor("_storage_shape", tuple(data.shape))
+        output.memmap_(path)
+
+        # Preallocate the output
+        done = data.get(self.done_key).squeeze(-1).clone()
+        if not is_full:
+            # shift is the cursor place
+            done[shift - 1] = True
+        else:
+            done = done.roll(-shift, dims=0)
+            done[-1] = True
+        ntraj = done.sum()
+
+        # Get the keys that require extra storage
+        keys_to_expand = set(data.get("next").keys(True, True)) - (
+            self.done_keys.union(self.reward_keys)
+        )
+
+        total_keys = data.exclude("next").keys(True, True)
+        total_keys = set(total_keys).union(set(data.get("next").keys(True, True)))
+
+        len_with_offset = data.numel() + ntraj  # + done[0].numel()
+        for key in total_keys:
+            if key in (self.done_keys.union(self.reward_keys)):
+                entry = data.get(("next", key))
+            else:
+                entry = data.get(key)
+
+            if key in keys_to_expand:
+                shape = torch.Size([len_with_offset, *entry.shape[data.ndim :]])
+                dtype = entry.dtype
+                output.make_memmap(key, shape=shape, dtype=dtype)
+            else:
+                shape = torch.Size([data.numel(), *entry.shape[data.ndim :]])
+                output.make_memmap(key, shape=shape, dtype=entry.dtype)
+
+        if data.ndim == 1:
+            return self._call(
+                data=data,
+                output=output,
+                is_full=is_full,
+                shift=shift,
+                done=done,
+                total_keys=total_keys,
+                keys_to_expand=keys_to_expand,
+            )
+
+        with data.flatten(1, -1) if data.ndim > 2 else contextlib.nullcontext(
+            data
+        ) as data_flat:
+            if data.ndim > 2:
+                done = done.flatten(1, -1)
+            traj_per_dim = done.sum(0)
+            nsteps = data_flat.shape[0]
+
+            start = 0
+            start_with_offset = start
+            stop_with_offset = 0
+            stop = 0
+            for data_slice, done_slice, traj_for_dim in zip(
+                data_flat.unbind(1), done.unbind(1), traj_per_dim
+            ):
+                stop_with_offset = stop_with_offset + nsteps + traj_for_dim
+                cur_slice_offset = slice(start_with_offset, stop_with_offset)
+                start_with_offset = stop_with_offset
+
+                stop = stop + data.shape[0]
+                cur_slice = slice(start, stop)
+                start = stop
+
+                def _index(
+                    key,
+                    val,
+                    keys_to_expand=keys_to_expand,
+                    cur_slice=cur_slice,
+                    cur_slice_offset=cur_slice_offset,
+                ):
+                    if key in keys_to_expand:
+                        return val[cur_slice_offset]
+                    return val[cur_slice]
+
+                out_slice = output.named_apply(_index, nested_keys=True)
+                self._call(
+                    data=data_slice,
+                    output=out_slice,
+                    is_full=is_full,
+                    shift=shift,
+                    done=done_slice,
+                    total_keys=total_keys,
+                    keys_to_expand=keys_to_expand,
+                )
+        return output
+
+    def _call(self, *, data, output, is_full, shift, done, total_keys, keys_to_expand):
+        # capture for each item in data where the observation should be written
+        idx = torch.arange(data.shape[0])
+        idx_done = (idx + done.cumsum(0))[done]
+        idx += torch.nn.functional.pad(done, [1, 0])[:-1].cumsum(0)
+
+        for key in total_keys:
+            if key in (self.done_keys.union(self.reward_keys)):
+                entry = data.get(("next", key))
+            else:
+                entry = data.get(key)
+
+            if key in keys_to_expand:
+                mmap = output.get(key)
+                shifted_next = data.get(("next", key))
+                if is_full:
+                    _roll_inplace(entry, shift=-shift, out=mmap, index_dest=idx)
+                    _roll_inplace(
+                        shifted_next,
+                        shift=-shift,
+                        out=mmap,
+                        index_dest=idx_done,
+                        index_source=done,
+                    )
+                else:
+                    mmap[idx] = entry
+                    mmap[idx_done] = shifted_next[done]
+            elif is_full:
+                mmap = output.get(key)
+                _roll_inplace(entry, shift=-shift, out=mmap)
+            else:
+                mmap = output.get(key)
+                mmap.copy_(entry)
+        return output
+
+
+class Flat2TED:
+    """A storage load hook rebuilding TED data from the flat layout of :class:`TED2Flat`.
+
+    Args:
+        done_key: the done flag in the flat data (default ``"done"``).
+        shift_key, is_full_key, done_keys, reward_keys: as :class:`TED2Flat`.
+
+    Examples:
+        >>> rb_load = ReplayBuffer(storage=LazyMemmapStorage(200))
+        >>> rb_load.register_load_hook(Flat2TED())
+    """
+
+    def __init__(
+        self,
+        done_key="done",
+        shift_key="shift",
+        is_full_key="is_full",
+        done_keys=DEFAULT_DONE_KEYS,
+        reward_keys=("reward",),
+    ):
+        self.done_key = done_key
+        self.shift_key = shift_key
+        self.is_full_key = is_full_key
+        self.done_keys = {unravel_key(key) for key in done_keys}
+        self.reward_keys = {unravel_key(key) for key in reward_keys}
+
+    def __call__(self, data: TensorDictBase, out: TensorDictBase = None):
+        _storage_shape = data.get_non_tensor("_storage_shape", default=None)
+        if isinstance(_storage_shape, int):
+            _storage_shape = torch.Size([_storage_shape])
+        shift = data.get_non_tensor(self.shift_key, default=None)
+        is_full = data.get_non_tensor(self.is_full_key, default=None)
+        done = (
+            data.get("done")
+            .reshape((*_storage_shape[1:], -1))
+            .contiguous()
+            .permute(-1, *range(0, len(_storage_shape) - 1))
+            .clone()
+        )
+        if not is_full:
+            # shift is the cursor place
+            done[shift - 1] = True
+        else:
+            # done = done.roll(-shift, dims=0)
+            done[-1] = True
+
+        if _storage_shape is not None and len(_storage_shape) > 1:
+            # iterate over data and allocate
+            if out is None:
+                # out = TensorDict(batch_size=_storage_shape)
+                # for i in range(out.ndim):
+                #     if i >= 2:
+                #         # FLattening the lazy stack will make the data unavailable - we need to find a way to make this
+                #         # possible.
+                #         raise RuntimeError(
+                #             "Checkpointing an uninitialized buffer with more than 2 dimensions is currently not supported. "
+                #             "Please file an issue on GitHub to ask for this feature!"
+                #         )
+                #     out = LazyStackedTensorDict(*out.unbind(i), stack_dim=i)
+                out = TensorDict(batch_size=_storage_shape)
+                for i in range(1, out.ndim):
+                    if i >= 2:
+                        # FLattening the lazy stack will make the data unavailable - we need to find a way to make this
+                        # possible.
+                        raise RuntimeError(
+                            "Checkpointing an uninitialized buffer with more than 2 dimensions is currently not supported. "
+                            "Please file an issue on GitHub to ask for this feature!"
+                        )
+                    out_list = [
+                        out._get_sub_tensordict((slice(None),) * i + (j,))
+                        for j in range(out.shape[i])
+                    ]
+                    out = lazy_stack(out_list, i)
+
+            # Create a function that reads slices of the input data
+            with out.flatten(1, -1) if out.ndim > 2 else contextlib.nullcontext(
+                out
+            ) as out_flat:
+                nsteps = done.shape[0]
+                n_elt_batch = done.shape[1:].numel()
+                traj_per_dim = done.sum(0)
+
+                start = 0
+                start_with_offset = start
+                stop_with_offset = 0
+                stop = 0
+
+                for out_unbound, traj_for_dim in zip(out_flat.unbind(-1), traj_per_dim):
+                    stop_with_offset = stop_with_offset + nsteps + traj_for_dim
+                    cur_slice_offset = slice(start_with_offset, stop_with_offset)
+                    start_with_offset = stop_with_offset
+
+                    stop = stop + nsteps
+                    cur_slice = slice(start, stop)
+                    start = stop
+
+                    def _index(
+                        key,
+                        val,
+                        cur_slice=cur_slice,
+                        nsteps=nsteps,
+                        n_elt_batch=n_elt_batch,
+                        cur_slice_offset=cur_slice_offset,
+                    ):
+                        if val.shape[0] != (nsteps * n_elt_batch):
+                            return val[cur_slice_offset]
+                        return val[cur_slice]
+
+                    data_slice = data.named_apply(
+                        _index, nested_keys=True, batch_size=[]
+                    )
+                    self._call(
+                        data=data_slice,
+                        out=out_unbound,
+                        is_full=is_full,
+                        shift=shift,
+                        _storage_shape=_storage_shape,
+                    )
+            return out
+        return self._call(
+            data=data,
+            out=out,
+            is_full=is_full,
+            shift=shift,
+            _storage_shape=_storage_shape,
+        )
+
+    def _call(self, *, data, out, _storage_shape, shift, is_full):
+        done = data.get(self.done_key)
+        done = done.clone()
+
+        nsteps = done.shape[0]
+
+        # capture for each item in data where the observation should be written
+        idx = torch.arange(done.shape[0])
+        padded_done = F.pad(done.squeeze(-1), [1, 0])
+        root_idx = idx + padded_done[:-1].cumsum(0)
+        next_idx = root_idx + 1
+
+        if out is None:
+            out = TensorDict(batch_size=[nsteps])
+
+        def maybe_roll(entry, out=None):
+            if is_full and shift is not None:
+                if out is not None:
+                    _roll_inplace(entry, shift=shift, out=out)
+                    return
+                else:
+                    return entry.roll(shift, dims=0)
+            if out is not None:
+                out.copy_(entry)
+                return
+            return entry
+
+        root_idx = maybe_roll(root_idx)
+        next_idx = maybe_roll(next_idx)
+        if not is_full:
+            next_idx = next_idx[:-1]
+
+        for key, entry in data.items(True, True):
+            if entry.shape[0] == nsteps:
+                if key in (self.done_keys.union(self.reward_keys)):
+                    if key != "reward" and key not in out.keys(True, True):
+                        # Create a done state at the root full of 0s
+                        out.set(key, torch.zeros_like(entry), inplace=True)
+                    entry = maybe_roll(entry, out=out.get(("next", key), None))
+                    if entry is not None:
+                        out.set(("next", key), entry, inplace=True)
+                else:
+                    # action and similar
+                    entry = maybe_roll(entry, out=out.get(key, default=None))
+                    if entry is not None:
+                        # then out is not locked
+                        out.set(key, entry, inplace=True)
+            else:
+                dest_next = out.get(("next", key), None)
+                if dest_next is not None:
+                    if not is_full:
+                        dest_next = dest_next[:-1]
+                    dest_next.copy_(entry[next_idx])
+                else:
+                    if not is_full:
+                        val = entry[next_idx]
+                        val = torch.cat([val, torch.zeros_like(val[:1])])
+                        out.set(("next", key), val, inplace=True)
+                    else:
+                        out.set(("next", key), entry[next_idx], inplace=True)
+
+                dest = out.get(key, None)
+                if dest is not None:
+                    dest.copy_(entry[root_idx])
+                else:
+                    out.set(key, entry[root_idx], inplace=True)
+        return out
+
+
+class TED2Nested(TED2Flat):
+    """A storage save hook writing TED data as nested (jagged) tensors, one row per trajectory."""
+
+    _shift: int | None = None
+    _is_full: bool | None = None
+
+    def __init__(self, *args, **kwargs):
+        if not hasattr(torch, "_nested_compute_contiguous_strides_offsets"):
+            raise ValueError(
+                f"Unsupported torch version {torch.__version__}. "
+                f"torch>=2.4 is required for {type(self).__name__} to be used."
+            )
+        return super().__init__(*args, **kwargs)
+
+    def __call__(self, data: TensorDictBase, path: Path = None):
+        data = super().__call__(data, path=path)
+
+        shift = self.shift
+        is_full = self.is_full
+        storage_shape = data.get_non_tensor("_storage_shape", (-1,))
+        # place time at the end
+        storage_shape = (*storage_shape[1:], storage_shape[0])
+
+        done = data.get("done")
+        done = done.squeeze(-1).clone()
+        if not is_full:
+            done.view(storage_shape)[..., shift - 1] = True
+        # else:
+        done.view(storage_shape)[..., -1] = True
+
+        # The ring has been linearized by TED2Flat and the final boundary of
+        # every row was forced above, so the flat end flags fully delimit the
+        # trajectories.
+        _, _, traj_lengths = find_start_stop_traj(end=done, at_capacity=False)
+        ntraj = traj_lengths.numel()
+
+        keys_to_expand, keys_to_keep = zip(
+            *[
+                (key, None) if val.shape[0] != done.shape[0] else (None, key)
+                for key, val in data.items(True, True)
+            ]
+        )
+        keys_to_expand = [key for key in keys_to_expand if key is not None]
+        keys_to_keep = [key for key in keys_to_keep if key is not None]
+
+        out = TensorDict(batch_size=[ntraj])
+        out.update(dict(data.non_tensor_items()))
+
+        out.memmap_(path)
+
+        traj_lengths = traj_lengths.unsqueeze(-1)
+        if not is_full:
+            # Increment by one only the trajectories that are not terminal
+            traj_lengths_expand = traj_lengths + (
+                traj_lengths.cumsum(0) % storage_shape[-1] != 0
+            )
+        else:
+            traj_lengths_expand = traj_lengths + 1
+        for key in keys_to_expand:
+            val = data.get(key)
+            shape = torch.cat(
+                [
+                    traj_lengths_expand,
+                    torch.tensor(val.shape[1:], dtype=torch.long).repeat(
+                        traj_lengths.numel(), 1
+                    ),
+                ],
+                -1,
+            )
+            # This works because the storage location is the same as the previous one - no copy is done
+            # but a new shape is written
+            out.make_memmap_from_storage(
+                key, val.untyped_storage(), dtype=val.dtype, shape=shape
+            )
+        for key in keys_to_keep:
+            val = data.get(key)
+            shape = torch.cat(
+                [
+                    traj_lengths,
+                    torch.tensor(val.shape[1:], dtype=torch.long).repeat(
+                        traj_lengths.numel(), 1
+                    ),
+                ],
+                -1,
+            )
+            out.make_memmap_from_storage(
+                key, val.untyped_storage(), dtype=val.dtype, shape=shape
+            )
+        return out
+
+
+class Nested2TED(Flat2TED):
+    """A storage load hook rebuilding TED data from the nested layout of :class:`TED2Nested`."""
+
+    def __call__(self, data, out: TensorDictBase = None):
+        # Get a flat representation of data
+        def flatten_het_dim(tensor):
+            shape = [tensor.size(i) for i in range(2, tensor.ndim)]
+            tensor = torch.tensor(tensor.untyped_storage(), dtype=tensor.dtype).view(
+                -1, *shape
+            )
+            return tensor
+
+        data = data.apply(flatten_het_dim, batch_size=[])
+        data.auto_batch_size_()
+        return super().__call__(data, out=out)
+
+
+class H5Split(TED2Flat):
+    """Splits data prepared with :class:`TED2Nested` into one entry per trajectory (``traj_<i>``)."""
+
+    _shift: int | None = None
+    _is_full: bool | None = None
+
+    def __call__(self, data):
+        nzeros = int(math.ceil(math.log10(data.shape[0])))
+
+        result = TensorDict(
+            {
+                f"traj_{str(i).zfill(nzeros)}": _data
+                for i, _data in enumerate(data.filter_non_tensor_data().unbind(0))
+            }
+        ).update(dict(data.non_tensor_items()))
+
+        return result
+
+
+class H5Combine:
+    """Combines the ``traj_<i>`` entries of :class:`H5Split` into one memory-mapped TensorDict."""
+
+    def __call__(self, data, out=None):
+        # TODO: this load the entire H5 in memory, which can be problematic
+        # Ideally we would want to load it on a memmap tensordict
+        # We currently ignore out in this call but we should leverage that
+        values = [val for key, val in data.items() if key.startswith("traj")]
+        metadata_keys = [key for key in data.keys() if not key.startswith("traj")]
+        result = TensorDict({key: NonTensorData(data[key]) for key in metadata_keys})
+
+        # Create a memmap in file system (no files associated)
+        result.memmap_()
+
+        # Create each entry
+        def initialize(key, *x):
+            result.make_memmap(
+                key,
+                shape=torch.stack([torch.tensor(_x.shape) for _x in x]),
+                dtype=x[0].dtype,
+            )
+            return
+
+        values[0].named_apply(
+            initialize,
+            *values[1:],
+            nested_keys=True,
+            batch_size=[],
+            filter_empty=True,
+        )
+
+        # Populate the entries
+        def populate(key, *x):
+            dest = result.get(key)
+            for i, _x in enumerate(x):
+                dest[i].copy_(_x)
+
+        values[0].named_apply(
+            populate,
+            *values[1:],
+            nested_keys=True,
+            batch_size=[],
+            filter_empty=True,
+        )
+        return result
+
+
+def _roll_inplace(tensor, shift, out, index_dest=None, index_source=None):
+    # slice 0
+    source0 = tensor[:-shift]
+    if index_source is not None:
+        source0 = source0[index_source[shift:]]
+
+    slice0_shift = source0.shape[0]
+    if index_dest is not None:
+        out[index_dest[-slice0_shift:]] = source0
+    else:
+        slice0 = out[-slice0_shift:]
+        slice0.copy_(source0)
+
+    # slice 1
+    source1 = tensor[-shift:]
+    if index_source is not None:
+        source1 = source1[index_source[:shift]]
+    if index_dest is not None:
+        out[index_dest[:-slice0_shift]] = source1
+    else:
+        slice1 = out[:-slice0_shift]
+        slice1.copy_(source1)
+    return out
