@@ -72,11 +72,13 @@ from gpubuf.writers import (
 )
 from gpubuf.checkpoint import dump_buffer as _dump_buffer, dump_storage as _dump_storage
 from gpubuf.checkpoint import load_buffer as _load_buffer, load_storage as _load_storage
+from gpubuf.checkpoint import dump_component as _dump_component, load_component as _load_component
 
-# Buffers and storages expose their state and never import the checkpoint code: the package,
+# Buffers, storages, samplers and writers expose their state and never import the checkpoint code: the package,
 # above them all, tells them how their dumps() and loads() are done.
 Storage._checkpoint_io = (_dump_storage, _load_storage)
 ReplayBuffer._checkpoint_io = (_dump_buffer, _load_buffer)
+Sampler._checkpoint_io = Writer._checkpoint_io = (_dump_component, _load_component)
 
 
 __all__ = [

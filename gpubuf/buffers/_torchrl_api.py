@@ -23,7 +23,7 @@ from gpubuf.buffers.sample_units import SampleUnit, _last_written
 from gpubuf.errors import BatchSizeError
 from gpubuf.samplers.consuming import ConsumingSampler
 from gpubuf.samplers.random import RandomSampler
-from gpubuf.writers.base import batch_length
+from gpubuf.storages.items import batch_length
 
 # The constructor arguments of a buffer whose construction is delayed, until its first use.
 _PENDING = "_pending_init"

@@ -16,10 +16,10 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-from gpubuf.checkpoint.codecs import Codec, codec_for
-from gpubuf.checkpoint.errors import CheckpointMismatchError
+from gpubuf.checkpoint.buffer import dump_storage, load_storage
+from gpubuf.checkpoint.codecs import Codec
 
-__all__ = ["StorageCheckpointerBase", "call_hook", "storage_codec"]
+__all__ = ["StorageCheckpointerBase", "call_hook"]
 
 
 def call_hook(hook: Callable, data: Any, **kwargs: Any) -> Any:
@@ -60,8 +60,6 @@ class StorageCheckpointerBase(Codec):
 
     def dumps(self, storage: Any, path: Any) -> None:
         """Writes ``storage`` alone to the checkpoint directory ``path`` (crash-safe, no pickle)."""
-        from gpubuf.checkpoint.buffer import dump_storage
-
         dump_storage(storage, path, checkpointer=self)
 
     def loads(self, storage: Any, path: Any) -> None:
@@ -70,24 +68,4 @@ class StorageCheckpointerBase(Codec):
         Raises:
             CheckpointError: see :func:`gpubuf.checkpoint.load_buffer`; ``storage`` is unchanged.
         """
-        from gpubuf.checkpoint.buffer import load_storage
-
         load_storage(storage, path, checkpointer=self)
-
-
-def storage_codec(storage: Any) -> Codec:
-    """The checkpointer of ``storage``: ``storage.checkpointer`` when set, else the registered one.
-
-    Raises:
-        CheckpointMismatchError: ``storage.checkpointer`` is set to something that is not a gpubuf
-            checkpointer (e.g. one of TorchRL's, which writes pickles).
-    """
-    checkpointer = getattr(storage, "checkpointer", None)
-    if checkpointer is None:
-        return codec_for(storage)
-    if not isinstance(checkpointer, StorageCheckpointerBase):
-        raise CheckpointMismatchError(
-            f"storage.checkpointer is a {type(checkpointer).__module__}.{type(checkpointer).__qualname__}; gpubuf "
-            "storages take gpubuf.checkpoint checkpointers"
-        )
-    return checkpointer

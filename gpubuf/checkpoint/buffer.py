@@ -23,8 +23,7 @@ import torch
 from gpubuf._version import __version__
 from gpubuf.checkpoint import atomic, torchrl_import
 from gpubuf.checkpoint.arrays import ArraySet, parse_tables, read_arrays
-from gpubuf.checkpoint.base import storage_codec
-from gpubuf.checkpoint.codecs import Codec, Context, H5Array, LiveFile, codec_for
+from gpubuf.checkpoint.codecs import Codec, Context, H5Array, LiveFile, codec_for, is_memmap, storage_codec
 from gpubuf.checkpoint.errors import (
     CheckpointCorruptError,
     CheckpointError,
@@ -46,7 +45,6 @@ from gpubuf.checkpoint.format import (
     require_int,
     scan_directory,
 )
-from gpubuf.checkpoint.tensor_storage import is_memmap
 from gpubuf.checkpoint.values import Decoder, Encoder, class_path
 
 SLOTS = ("storage", "sampler", "writer")

@@ -14,11 +14,12 @@ installed: ``hook(data, out=None)``. With hooks, the content is written as a val
 :mod:`gpubuf.checkpoint.values`), so whatever structure the hooks return is kept.
 """
 
-from gpubuf.checkpoint.base import StorageCheckpointerBase, call_hook, storage_codec
+from gpubuf.checkpoint.base import StorageCheckpointerBase, call_hook
+from gpubuf.checkpoint.codecs import is_memmap, storage_codec
 from gpubuf.checkpoint.ensemble import StorageEnsembleCheckpointer
-from gpubuf.checkpoint.layouts import decode_layout, encode_layout
+from gpubuf.checkpoint.values import decode_layout, encode_layout
 from gpubuf.checkpoint.list_storage import CompressedListStorageCheckpointer, ListStorageCheckpointer
-from gpubuf.checkpoint.tensor_storage import TensorStorageCheckpointer, is_memmap
+from gpubuf.checkpoint.tensor_storage import TensorStorageCheckpointer
 from gpubuf.checkpoint.ted import FlatStorageCheckpointer, H5StorageCheckpointer, NestedStorageCheckpointer
 
 __all__ = [

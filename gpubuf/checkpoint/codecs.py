@@ -28,6 +28,7 @@ import torch
 from gpubuf.checkpoint.errors import CheckpointCorruptError, CheckpointMismatchError, UnserializableDataError
 from gpubuf.checkpoint.format import require, require_int
 from gpubuf.checkpoint.values import Decoder, Encoder, device_here
+from gpubuf.storages.memmap import LazyMemmapStorage
 
 Apply = Callable[[], None]
 
@@ -318,3 +319,27 @@ def _register_builtin() -> None:
 
 
 _register_builtin()
+
+
+# ---------------------------------------------------------------------- storages
+def storage_codec(storage: Any) -> Codec:
+    """The checkpointer of ``storage``: ``storage.checkpointer`` when set, else the registered one.
+
+    Raises:
+        CheckpointMismatchError: ``storage.checkpointer`` is set to something that is not a gpubuf
+            checkpointer (e.g. one of TorchRL's, which writes pickles).
+    """
+    checkpointer = getattr(storage, "checkpointer", None)
+    if checkpointer is None:
+        return codec_for(storage)
+    if not isinstance(checkpointer, Codec):
+        raise CheckpointMismatchError(
+            f"storage.checkpointer is a {type(checkpointer).__module__}.{type(checkpointer).__qualname__}; gpubuf "
+            "storages take gpubuf.checkpoint checkpointers"
+        )
+    return checkpointer
+
+
+def is_memmap(storage: Any) -> bool:
+    """A memory-mapped storage (``LazyMemmapStorage``): its leaves are files in ``scratch_dir``."""
+    return isinstance(storage, LazyMemmapStorage)

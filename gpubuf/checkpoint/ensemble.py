@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from gpubuf.checkpoint.base import StorageCheckpointerBase, storage_codec
-from gpubuf.checkpoint.codecs import Apply, Context, _array, register_codec
+from gpubuf.checkpoint.base import StorageCheckpointerBase
+from gpubuf.checkpoint.codecs import Apply, Context, _array, register_codec, storage_codec
 from gpubuf.checkpoint.errors import CheckpointMismatchError
 from gpubuf.checkpoint.format import require
 from gpubuf.checkpoint.values import Decoder, Encoder

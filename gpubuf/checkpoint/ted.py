@@ -32,7 +32,7 @@ from typing import Any, Mapping
 
 import torch
 
-from gpubuf.checkpoint.layouts import decode_layout, encode_layout
+from gpubuf.checkpoint.values import decode_layout, encode_layout
 from gpubuf.checkpoint.tensor_storage import TensorStorageCheckpointer
 from gpubuf.checkpoint.codecs import Context, H5Array, _array
 from gpubuf.checkpoint.errors import CheckpointCorruptError

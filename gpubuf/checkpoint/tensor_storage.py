@@ -10,13 +10,12 @@ import torch
 
 from gpubuf.checkpoint.arrays import LiveArray
 from gpubuf.checkpoint.base import StorageCheckpointerBase, call_hook
-from gpubuf.checkpoint.codecs import Apply, Context, LiveFile, _array, check_kind, register_codec, shadow_of
+from gpubuf.checkpoint.codecs import Apply, Context, LiveFile, _array, check_kind, is_memmap, register_codec, shadow_of
 from gpubuf.checkpoint.errors import CheckpointCorruptError, CheckpointMismatchError
 from gpubuf.checkpoint.format import require, require_int
-from gpubuf.checkpoint.layouts import decode_layout, encode_layout
-from gpubuf.checkpoint.values import Decoder, Encoder, device_here
+from gpubuf.checkpoint.values import Decoder, Encoder, decode_layout, device_here, encode_layout
 
-__all__ = ["TensorStorageCheckpointer", "is_memmap"]
+__all__ = ["TensorStorageCheckpointer"]
 
 
 class TensorStorageCheckpointer(StorageCheckpointerBase):
@@ -255,15 +254,6 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
             return device
         recorded = state.get("device")
         return device_here(recorded) if isinstance(recorded, str) else torch.device("cpu")
-
-
-def is_memmap(storage: Any) -> bool:
-    """A memory-mapped storage (``LazyMemmapStorage``): its leaves are files in ``scratch_dir``."""
-    try:
-        from gpubuf.storages.memmap import LazyMemmapStorage
-    except ImportError:
-        return False
-    return isinstance(storage, LazyMemmapStorage)
 
 
 def _files_below(directory: str) -> list[str]:

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from gpubuf.checkpoint.arrays import ArraySpec, read_file, view_array
-from gpubuf.checkpoint.layouts import encode_layout
+from gpubuf.checkpoint.values import encode_layout
 from gpubuf.checkpoint.errors import (
     CheckpointCorruptError,
     CheckpointMismatchError,

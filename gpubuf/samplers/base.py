@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -87,14 +87,14 @@ class Sampler:
         """How many items a draw can come from now (``SamplerEnsemble(p="sampleable")`` weighs by it)."""
         return len(storage)
 
+    #: ``(dump(component, kind, path), load(component, kind, path))``: installed by the package from
+    #: :mod:`gpubuf.checkpoint`, which reads the component's state (components never import it).
+    _checkpoint_io: tuple[Callable[[Any, str, Any], None], Callable[[Any, str, Any], None]] | None = None
+
     def dumps(self, path: Any) -> None:
         """Writes this sampler's state as a pickle-free checkpoint directory (see :mod:`gpubuf.checkpoint`)."""
-        from gpubuf.checkpoint import dump_component
-
-        dump_component(self, "sampler", path)
+        self._checkpoint_io[0](self, "sampler", path)
 
     def loads(self, path: Any) -> None:
         """Restores this sampler's state from :meth:`dumps`' directory (or a buffer checkpoint's sampler)."""
-        from gpubuf.checkpoint import load_component
-
-        load_component(self, "sampler", path)
+        self._checkpoint_io[1](self, "sampler", path)

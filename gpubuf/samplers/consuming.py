@@ -13,14 +13,9 @@ import torch
 
 from gpubuf.errors import EmptyBufferError
 from gpubuf.samplers.base import Sampler
+from gpubuf.storages.items import is_int
 
 _EMPTY = "Cannot sample from an empty storage."
-
-
-def _is_int(index: Any) -> bool:
-    if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
-        return True
-    return isinstance(index, torch.Tensor) and index.ndim == 0
 
 
 class ConsumingSampler(Sampler):
@@ -108,7 +103,7 @@ class ConsumingSampler(Sampler):
     def _mark_indices_live(self, index: Any) -> None:
         if isinstance(index, tuple):
             raise ValueError(f"{type(self).__name__} only supports flat 1-dimensional indices.")
-        if _is_int(index):
+        if is_int(index):
             index = torch.as_tensor([int(index)], dtype=torch.long)
         else:
             index = torch.as_tensor(index, dtype=torch.long).reshape(-1)

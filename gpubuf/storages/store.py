@@ -16,16 +16,11 @@ from tensordict import TensorDict, is_tensor_collection
 
 from gpubuf.errors import EmptyBufferError, UnsupportedDataError
 from gpubuf.storages.base import Storage
+from gpubuf.storages.items import is_int
 
 
 def _has_store() -> bool:
     return importlib.util.find_spec("redis") is not None and importlib.util.find_spec("tensordict.store") is not None
-
-
-def _is_int(value: Any) -> bool:
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return True
-    return isinstance(value, torch.Tensor) and value.ndim == 0
 
 
 class StoreStorage(Storage):
@@ -117,7 +112,7 @@ class StoreStorage(Storage):
             data = torch.stack(data) if data and isinstance(data[0], torch.Tensor) else TensorDict.lazy_stack(data)
         if not isinstance(data, torch.Tensor) and not is_tensor_collection(data):
             raise UnsupportedDataError(f"StoreStorage does not support data of type {type(data)}.")
-        single = _is_int(cursor)
+        single = is_int(cursor)
         if self._storage is None:
             self._connect(data if single else data[0])
         if isinstance(cursor, range):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -75,14 +75,14 @@ class Writer:
         """The generation of the slots at ``index``: ``-1`` for a writer that does not track them."""
         return torch.full_like(torch.as_tensor(index, dtype=torch.long), -1)
 
+    #: ``(dump(component, kind, path), load(component, kind, path))``: installed by the package from
+    #: :mod:`gpubuf.checkpoint`, which reads the component's state (components never import it).
+    _checkpoint_io: tuple[Callable[[Any, str, Any], None], Callable[[Any, str, Any], None]] | None = None
+
     def dumps(self, path: Any) -> None:
         """Writes this writer's state as a pickle-free checkpoint directory (see :mod:`gpubuf.checkpoint`)."""
-        from gpubuf.checkpoint import dump_component
-
-        dump_component(self, "writer", path)
+        self._checkpoint_io[0](self, "writer", path)
 
     def loads(self, path: Any) -> None:
         """Restores this writer's state from :meth:`dumps`' directory (or a buffer checkpoint's writer)."""
-        from gpubuf.checkpoint import load_component
-
-        load_component(self, "writer", path)
+        self._checkpoint_io[1](self, "writer", path)

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LAYERS: list[tuple[str, ...]] = [
     ("gpubuf_kernels",),
     ("gpubuf._version", "gpubuf.errors", "gpubuf.host_memory", "gpubuf.file_lock"),
-    ("gpubuf.codec", "gpubuf.data"),
+    ("gpubuf.codec", "gpubuf.data", "gpubuf.utils"),
     ("gpubuf.ops",),
     ("gpubuf.staging", "gpubuf._ensemble"),
     ("gpubuf.storages",),
