@@ -38,6 +38,7 @@ from gpubuf.checkpoint.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     META_FILE,
+    check_digest,
     check_header,
     check_host,
     is_inside,
@@ -45,6 +46,7 @@ from gpubuf.checkpoint.format import (
     require,
     require_int,
     scan_directory,
+    seal_meta,
 )
 from gpubuf.checkpoint.values import Decoder, Encoder, class_path
 
@@ -276,7 +278,7 @@ def _buffer_meta(buffer: Any, arrays: ArraySet) -> dict:
 
 def _meta_text(meta: dict) -> str:
     try:
-        return json.dumps(meta, allow_nan=False, separators=(",", ":"))
+        return json.dumps(seal_meta(meta), allow_nan=False, separators=(",", ":"))
     except ValueError as err:
         raise UnserializableDataError(f"a codec produced a state that is not strict JSON: {err}") from err
 
@@ -352,6 +354,7 @@ def _read(final: Path, buffer: Any) -> tuple[dict, dict, Context]:
             f"{final} is not a checkpoint: it has no {META_FILE} (a foreign directory, or one whose dump did not complete)"
         )
     meta = check_header(read_json(final / META_FILE, "meta.json"), final)
+    check_digest(meta, final)
     files, specs = parse_tables(meta)
     scan_directory(final, files)
     arrays = read_arrays(final, files, specs)

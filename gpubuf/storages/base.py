@@ -3,21 +3,83 @@
 from __future__ import annotations
 
 import operator
+import os
 from typing import Any, Callable
 
 import torch
 
-from gpubuf.errors import CapacityError
+from gpubuf.errors import CapacityError, InvalidDeviceError
+
+#: Indices are int64 tensors.
+MAX_CAPACITY = 2**63 - 1
 
 
 def check_max_size(max_size: Any, what: str = "max_size") -> int:
-    """Returns ``max_size`` as an int, or raises :class:`CapacityError` when it is not a positive integer."""
+    """Returns ``max_size`` as an int, or raises :class:`CapacityError` when it is not a positive
+    integer of at most ``2**63 - 1`` (indices are int64)."""
     if isinstance(max_size, bool) or not hasattr(max_size, "__index__"):
         raise CapacityError(f"{what} must be a positive integer, got {max_size!r} ({type(max_size).__name__})")
     value = operator.index(max_size)
     if value <= 0:
         raise CapacityError(f"{what} must be a positive integer, got {value}")
+    if value > MAX_CAPACITY:
+        raise CapacityError(f"{what} must be at most 2**63 - 1 (indices are int64), got {value}")
     return value
+
+
+def check_device(device: Any, what: str = "device") -> torch.device:
+    """``device`` as a ``torch.device`` that exists here.
+
+    Raises:
+        InvalidDeviceError: a malformed device (``"gpu0"``, ``3.5``), or a CUDA device when CUDA is
+            not available (or an ordinal past the GPUs present).
+    """
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise InvalidDeviceError(
+            f"{what}={device!r} is not a device: expected 'cpu', 'cuda', 'cuda:N' or a torch.device"
+        ) from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise InvalidDeviceError(f"{what}={device} was asked for, but CUDA is not available here")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise InvalidDeviceError(
+                f"{what}={device}: expected an ordinal below the {torch.cuda.device_count()} GPUs present"
+            )
+    return device
+
+
+def device_memory_bytes(device: torch.device) -> int | None:
+    """The physical memory of ``device`` in bytes (host RAM for the CPU), or None when unknown."""
+    try:
+        if device.type == "cpu":
+            return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        if device.type == "cuda":
+            index = torch.cuda.current_device() if device.index is None else device.index
+            return int(torch.cuda.get_device_properties(index).total_memory)
+    except (OSError, ValueError, RuntimeError, AttributeError):
+        return None
+    return None
+
+
+def check_fits_memory(nbytes: int, device: torch.device, what: str) -> None:
+    """Refuses an allocation of ``nbytes`` that exceeds the physical memory of ``device``.
+
+    The rule of in-memory storages: an allocation that cannot fit in the device's memory, even
+    with nothing else on it, is refused before it is attempted (with overcommit, a host
+    allocation larger than RAM would succeed and the process be killed at the first touch).
+    Whether it fits beside what is already allocated is left to the allocator.
+
+    Raises:
+        CapacityError: ``nbytes`` is larger than the device's memory.
+    """
+    total = device_memory_bytes(device)
+    if total is not None and nbytes > total:
+        raise CapacityError(
+            f"{what} needs {nbytes:,} bytes on {device}, which has {total:,}: expected a capacity whose rows fit in "
+            "the device's memory (use LazyMemmapStorage for rows kept on disk)"
+        )
 
 
 class Storage:

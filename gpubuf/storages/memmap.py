@@ -27,7 +27,7 @@ import torch
 import torch.utils._pytree as pytree
 from tensordict import TensorDictBase, is_tensorclass
 
-from gpubuf.errors import GpubufError, SchemaMismatchError
+from gpubuf.errors import CapacityError, GpubufError, SchemaMismatchError
 from gpubuf.storages import _cleanup
 from gpubuf.storages import _memmap_files as files
 from gpubuf.storages._layout import Layout
@@ -60,6 +60,7 @@ __all__ = [
 ]
 
 _CPU = torch.device("cpu")
+_MAX_FILE_BYTES = 2**63 - 1
 
 
 class _LeafFile:
@@ -265,14 +266,23 @@ class LazyMemmapStorage(LazyTensorStorage):
     def _capacity_plan(self, layout: Layout) -> tuple[int, list[int]]:
         """``(capacity along dim 0, storage dims 1..ndim-1)`` for items of ``layout``."""
         if self.ndim == 1:
-            return self.max_size, []
-        rest = list(layout.leaves[0].shape[: self.ndim - 1])
-        if len(rest) != self.ndim - 1:
-            raise SchemaMismatchError(
-                f"ndim={self.ndim} needs items with at least {self.ndim - 1} batch dims; got item shape "
-                f"{list(layout.leaves[0].shape)}"
+            cap0, rest = self.max_size, []
+        else:
+            rest = list(layout.leaves[0].shape[: self.ndim - 1])
+            if len(rest) != self.ndim - 1:
+                raise SchemaMismatchError(
+                    f"ndim={self.ndim} needs items with at least {self.ndim - 1} batch dims; got item shape "
+                    f"{list(layout.leaves[0].shape)}"
+                )
+            cap0 = -(-self.max_size // max(int(np.prod(rest)), 1))
+        widest = max((spec.row_bytes for spec in layout.leaves), default=0)
+        if cap0 * widest > _MAX_FILE_BYTES:
+            # Checked before any file exists: the files are sparse, but their size is an off_t.
+            raise CapacityError(
+                f"a file of {cap0:,} rows of {widest:,} bytes exceeds the largest file size (2**63 - 1 bytes): "
+                "expected a smaller capacity"
             )
-        return -(-self.max_size // max(int(np.prod(rest)), 1)), rest
+        return cap0, rest
 
     def _init_from(self, layout: Layout, leaves: list[torch.Tensor]) -> None:
         self._check_usable()

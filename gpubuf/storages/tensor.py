@@ -21,22 +21,23 @@ from gpubuf.errors import (
     DeviceMismatchError,
     EmptyBufferError,
     IndexOutOfRangeError,
+    InvalidArgumentError,
     SchemaMismatchError,
     UnsupportedDataError,
 )
 from gpubuf.ops.gather_rows import gather_rows_trusted, row_targets
 from gpubuf.ops.host_memory import HUGE_PAGE_BYTES, empty_host
 from gpubuf.storages._layout import Layout, expand_as_batch, is_tensor_collection
-from gpubuf.storages.base import Storage, check_max_size
+from gpubuf.storages.base import Storage, check_device, check_fits_memory, check_max_size
 
 _AUTO = ("auto", None)
 
 
 def _as_device(device: Any) -> torch.device | None:
-    if device in _AUTO:
+    if isinstance(device, str) and device in _AUTO or device is None:
         return None
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+    device = check_device(device)
+    if device.type == "cuda" and device.index is None:
         # Make "cuda" comparable with tensors' devices, which always carry an ordinal.
         device = torch.device("cuda", torch.cuda.current_device())
     return device
@@ -118,9 +119,9 @@ class TensorStorage(Storage):
         compilable: bool = False,
     ) -> None:
         if storage is None and max_size is None:
-            raise ValueError("TensorStorage needs a storage (tensor or TensorDict) or a max_size")
+            raise InvalidArgumentError("TensorStorage needs a storage (tensor or TensorDict) or a max_size")
         if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 1:
-            raise ValueError(f"ndim must be a positive int, got {ndim!r}")
+            raise InvalidArgumentError(f"ndim must be a positive int, got {ndim!r}")
         self.ndim = ndim
         self._layout: Layout | None = None
         self._leaves: list[torch.Tensor] | None = None
@@ -128,12 +129,12 @@ class TensorStorage(Storage):
         self._prefetch_targets: tuple | None = None  # see _row_targets
         self._rest_shape = torch.Size()  # dims 1..ndim-1 of the storage
         self._len_value = 0
-        self._auto_device = device in _AUTO
+        self._auto_device = device is None or (isinstance(device, str) and device in _AUTO)
         self.device = "auto" if self._auto_device else _as_device(device)
         if storage is not None:
             leading = _leading_size(storage)
             if max_size is not None and check_max_size(max_size) != leading:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"max_size={max_size} does not match the storage's first dimension ({leading})"
                 )
             super().__init__(leading, compilable=compilable)
@@ -230,6 +231,8 @@ class TensorStorage(Storage):
             cap0 = -(-self.max_size // max(rest.numel(), 1))
         else:
             cap0 = self.max_size
+        row_bytes = sum(math.prod(spec.shape) * spec.dtype.itemsize for spec in layout.leaves)
+        check_fits_memory(cap0 * row_bytes, device, f"a {type(self).__name__} of {cap0:,} rows of {row_bytes:,} bytes")
         return [_empty_leaf((cap0, *spec.shape), spec.dtype, device) for spec in layout.leaves]
 
     def _target_device(self, leaves: Sequence[torch.Tensor]) -> torch.device:
@@ -555,7 +558,12 @@ class LazyTensorStorage(TensorStorage):
             tensor per leaf, which is what consolidation buys in TorchRL.
 
     Raises:
-        CapacityError: ``max_size`` is not a positive int.
+        CapacityError: ``max_size`` is not a positive int below ``2**63``, or exceeds the bytes of
+            ``device``'s memory (every item takes at least one byte). At the first write, when
+            the item size is known, a capacity whose rows cannot fit in the device's memory is
+            refused the same way, before anything is allocated or written.
+        InvalidDeviceError: a malformed device, or a CUDA device without CUDA.
+        InvalidArgumentError: ``ndim < 1``.
 
     Examples:
         >>> storage = LazyTensorStorage(100)
@@ -576,6 +584,9 @@ class LazyTensorStorage(TensorStorage):
         check_max_size(max_size)
         super().__init__(None, max_size, device=device, ndim=ndim, compilable=compilable)
         self.consolidated = consolidated
+        if type(self)._init_from is TensorStorage._init_from and isinstance(self.device, torch.device):
+            # Rows held in memory: a capacity beyond the device's bytes cannot work for any item.
+            check_fits_memory(self.max_size, self.device, f"{type(self).__name__}({self.max_size:,})")
 
 
 def _is_int(value: Any) -> bool:
