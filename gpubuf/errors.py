@@ -184,10 +184,11 @@ class ComponentTypeError(GpubufError, TypeError):
     """A component (storage, sampler, writer) or argument of the wrong type."""
 
 
-class InvalidIndexError(GpubufError, IndexError):
+class InvalidIndexError(GpubufError, IndexError, TypeError):
     """An index that does not address items: a float, a float tensor, a boolean mask whose length
     differs from the buffer's, or an index of another kind than int, slice, sequence or tensor of
-    ints."""
+    ints. An ``IndexError`` (torch raises it for a float index) and a ``TypeError`` (TorchRL's
+    priority update raises it for indices that are not ints)."""
 
 
 class InvalidSliceError(InvalidIndexError, ValueError):

@@ -11,11 +11,26 @@ from tensordict import TensorDictBase
 
 from gpubuf.buffers._prefetch import Prefetcher
 from gpubuf.buffers._transforms import TransformChain
-from gpubuf.errors import BatchSizeError, DeviceMismatchError
+from gpubuf.buffers._state_check import check_buffer_state
+from gpubuf.buffers._validate import (
+    check_dim_extend,
+    check_item_data,
+    check_priority_index,
+    check_priority_values,
+    check_read_index,
+)
+from gpubuf.errors import (
+    BatchSizeError,
+    ComponentTypeError,
+    GpubufError,
+    InvalidArgumentError,
+    MissingKeyError,
+    StateDictError,
+)
 from gpubuf.samplers.base import Sampler
 from gpubuf.samplers.random import RandomSampler, _check_batch_size
 from gpubuf.storages._layout import expand_as_batch, is_tensor_collection
-from gpubuf.storages.base import Storage
+from gpubuf.storages.base import Storage, check_device
 from gpubuf.storages.list import ListStorage
 from gpubuf.storages.tensor import TensorStorage, _is_int
 from gpubuf.writers import RoundRobinWriter, Writer
@@ -55,7 +70,9 @@ def _make(component: Any, default: Callable[[], Any], base: type, what: str) -> 
         component = component()
         if isinstance(component, base):
             return component
-    raise TypeError(f"{what} must be a {base.__name__} or a callable returning one, got {type(component).__name__}")
+    raise ComponentTypeError(
+        f"{what} must be a {base.__name__} or a callable returning one, got {type(component).__name__}"
+    )
 
 
 class ReplayBuffer:
@@ -130,6 +147,10 @@ class ReplayBuffer:
     ) -> None:
         if batch_size is not None:
             _check_batch_size(batch_size)
+        if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0):
+            raise InvalidArgumentError(f"prefetch must be None or an int >= 0 (batches prepared ahead), got {prefetch!r}")
+        if dim_extend is not None and (isinstance(dim_extend, bool) or not isinstance(dim_extend, int) or dim_extend < 0):
+            raise InvalidArgumentError(f"dim_extend must be None or an int >= 0, got {dim_extend!r}")
         if prefetch and batch_size is None:
             raise BatchSizeError(
                 "prefetch needs a batch_size given to the constructor: batches are prepared ahead of sample()"
@@ -157,8 +178,6 @@ class ReplayBuffer:
                 self._transform = transform
             else:
                 self._transform.append(transform)
-        if dim_extend is not None and dim_extend < 0:
-            raise ValueError(f"dim_extend must be >= 0, got {dim_extend}")
         self._dim_extend = self._storage.ndim - 1 if dim_extend is None else dim_extend
         self._lock = threading.RLock()
         self._batch_device = _as_batch_device(batch_device)
@@ -171,6 +190,8 @@ class ReplayBuffer:
         self.set_rng(generator)
 
     _default_writer = RoundRobinWriter
+    #: Whether the buffer holds TensorDicts (or tensorclasses) only: a state of plain tensors is refused.
+    _tensordict_items = False
 
     # ------------------------------------------------------------------ components
     @property
@@ -250,7 +271,9 @@ class ReplayBuffer:
         """
         if len(self._transform):
             data = self._transform.inv(data)
+        check_item_data(data, f"{type(self).__name__}.add")
         with self._lock:
+            self._sampler._check_new_items()
             self._invalidate_prefetch()
             index = self._writer.add(data)
             self._sampler.add(index)
@@ -281,7 +304,10 @@ class ReplayBuffer:
         return self._extend(data)
 
     def _extend(self, data: Any) -> torch.Tensor:
+        check_item_data(data, f"{type(self).__name__}.extend")
+        check_dim_extend(self._dim_extend, data)
         with self._lock:
+            self._sampler._check_new_items()
             self._invalidate_prefetch()
             data = self._transpose(data)
             index = self._writer.extend(data)
@@ -289,7 +315,15 @@ class ReplayBuffer:
         return index
 
     def update_priority(self, index: Any, priority: Any) -> None:
-        """Sets the priorities of items (prioritized samplers; a no-op for the others)."""
+        """Sets the priorities of items (prioritized samplers; a no-op for the others).
+
+        Raises:
+            InvalidIndexError: indices that are not ints.
+            PriorityError: priorities that are not numbers, or that the sampler refuses.
+            In every case no priority changes.
+        """
+        check_priority_index(index)
+        check_priority_values(priority)
         if isinstance(index, tuple):
             index = torch.stack(index, -1)
         priority = torch.as_tensor(priority)
@@ -674,7 +708,8 @@ class ReplayBuffer:
     def __getitem__(self, index: Any) -> Any:
         """Reads items by index (int, slice, tensor, list), or a whole field by key (``rb["obs"]``)."""
         if isinstance(index, str) or (isinstance(index, tuple) and index and all(isinstance(i, str) for i in index)):
-            return self[:][index]
+            return self._field(index)
+        check_read_index(index, len(self))
         with self._lock:
             if self._dim_extend > 0:
                 # As in TorchRL: the index runs along the dim the data was extended along, and the
@@ -697,9 +732,25 @@ class ReplayBuffer:
             check_writable()
         if len(self._transform):
             value = self._transform.inv(value)
+        check_read_index(index, len(self))
+        check_item_data(value, f"{type(self).__name__}.__setitem__")
         with self._lock:
             self._invalidate_prefetch()
             self._storage.set(index, value, set_cursor=False)
+
+    def _field(self, key: Any) -> Any:
+        """``rb["obs"]``: one field of every item, or :class:`MissingKeyError` when items have no such key."""
+        data = self[:]
+        if not is_tensor_collection(data):
+            raise MissingKeyError(
+                f"key {key!r}: this buffer holds {type(data).__name__} items, which have no keys (expected an int, "
+                "slice or index tensor)"
+            )
+        td = data._tensordict if not isinstance(data, TensorDictBase) else data
+        keys = list(td.keys(True))
+        if key not in keys and not (isinstance(key, tuple) and len(key) == 1 and key[0] in keys):
+            raise MissingKeyError(f"key {key!r} not found: the items have keys {sorted(map(str, keys))}")
+        return data[key]
 
     def __iter__(self):
         """Yields batches of ``batch_size`` until the sampler runs out (never, for random samplers)."""
@@ -732,18 +783,38 @@ class ReplayBuffer:
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._invalidate_prefetch()
-        self._storage.load_state_dict(state_dict["_storage"])
-        self._sampler.load_state_dict(state_dict["_sampler"])
-        self._writer.load_state_dict(state_dict["_writer"])
-        self._transform.load_state_dict(state_dict.get("_transforms", {}))
-        self._batch_size = state_dict["_batch_size"]
-        rng = state_dict.get("_rng")
-        if rng is not None:
-            state, device = rng
-            generator = torch.Generator(device=device)
-            generator.set_state(state)
-            self.set_rng(generator)
+        """Restores a :meth:`state_dict`, all or nothing.
+
+        The state is checked whole first (keys, types, ranges, capacity, the kind of items,
+        cursor and priorities against the storage's rows; see
+        :mod:`gpubuf.buffers._state_check`). The components then load, the storage last; if a
+        component still refuses its part, the sampler, writer and transforms get their previous
+        state back, so the buffer is as it was.
+
+        Raises:
+            StateDictKeyError: a key is missing.
+            StateDictError: any other part that does not fit this buffer.
+            Storage errors (``StorageMismatchError``, ``DiskFullError``) of a memory-mapped storage.
+        """
+        checked = check_buffer_state(self, state_dict)
+        with self._lock:
+            self._invalidate_prefetch()
+            previous = (self._sampler.state_dict(), self._writer.state_dict(), self._transform.state_dict())
+            try:
+                self._sampler.load_state_dict(state_dict["_sampler"])
+                self._writer.load_state_dict(state_dict["_writer"])
+                self._transform.load_state_dict(state_dict.get("_transforms") or {})
+                self._storage.load_state_dict(state_dict["_storage"])
+            except Exception as err:
+                self._sampler.load_state_dict(previous[0])
+                self._writer.load_state_dict(previous[1])
+                self._transform.load_state_dict(previous[2])
+                if isinstance(err, GpubufError):
+                    raise
+                raise StateDictError(f"the state dict does not fit this buffer: {type(err).__name__}: {err}") from err
+            self._batch_size = state_dict["_batch_size"]
+            if checked.generator is not None:
+                self.set_rng(checked.generator)
 
     def dumps(self, path: Any) -> None:
         """Writes a pickle-free, crash-safe checkpoint of the whole buffer to directory ``path``."""
@@ -869,10 +940,8 @@ def _as_batch_device(device: Any) -> torch.device | None:
     """Validates a ``batch_device`` argument; ``"cuda"`` gets the current device's ordinal."""
     if device is None:
         return None
-    device = torch.device(device)
+    device = check_device(device, "batch_device")
     if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise DeviceMismatchError(f"batch_device={device} was asked for, but CUDA is not available here")
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
     return device

@@ -32,6 +32,16 @@ class Sampler:
     def mark_update(self, index: Any, *, storage: Any = None) -> None:
         return None
 
+    def _check_priority(self, priority: torch.Tensor) -> None:
+        """Raises what :meth:`update_priority` would raise for ``priority``, without changing
+        anything (the buffer checks priorities given with new rows before writing them)."""
+        return None
+
+    def _check_new_items(self) -> None:
+        """Raises, before the buffer writes new rows, what :meth:`add`/:meth:`extend` would raise
+        after them (the bookkeeping of new rows). Samplers that can refuse new rows override it."""
+        return None
+
     @property
     def default_priority(self) -> float:
         return 1.0

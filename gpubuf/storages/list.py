@@ -82,6 +82,14 @@ class ListStorage(Storage):
         """
         if _is_int(cursor):
             cursor = int(cursor)
+            if not set_cursor and not -len(self._storage) <= cursor < len(self._storage):
+                # A write that bypasses the writer (rb[i] = item) would grow the list behind the
+                # writer's cursor, and the next extend would overwrite it.
+                raise IndexOutOfRangeError(
+                    f"cannot set item {cursor}: the list holds {len(self._storage)} items; expected an index of a "
+                    "stored item (add() or extend() append new ones)"
+                )
+            cursor = cursor % len(self._storage) if cursor < 0 else cursor
             if cursor > len(self._storage) or cursor >= self.max_size:
                 raise IndexOutOfRangeError(
                     f"cannot write at {cursor}: the list holds {len(self._storage)} items (capacity {self.max_size})"
@@ -101,11 +109,15 @@ class ListStorage(Storage):
             raise UnsupportedDataError(f"got {len(items)} items for {len(cursor)} indices")
         size = len(self._storage)
         for c in cursor:
+            if not set_cursor and not -len(self._storage) <= c < len(self._storage):
+                raise IndexOutOfRangeError(
+                    f"cannot set item {c}: the list holds {len(self._storage)} items; expected indices of stored items"
+                )
             if c > size or c >= self.max_size:
                 raise IndexOutOfRangeError(f"cannot write at {c}: the list holds {size} items")
             size = max(size, c + 1)
         for c, item in zip(cursor, items):
-            self.set(c, item)
+            self.set(c, item, set_cursor=set_cursor)
 
     def get(self, index: Any) -> Any:
         """Returns one item for an int, a list of items (collated by the buffer) otherwise."""

@@ -300,6 +300,8 @@ class TensorStorage(Storage):
             ``(n, leaves, first, skip, count)``: the batch's rows along dim 0, its leaves, the
             storage row the kept rows start at, the batch rows skipped and the rows kept.
         """
+        if isinstance(data, list):
+            data = _stack_items(data)  # a list of items (README: extend([item, ...])) is their stack
         n = _leading_size(data)
         layout, leaves, needs_init = self._prepare(data, [n])
         if needs_init:
@@ -312,6 +314,7 @@ class TensorStorage(Storage):
         """Copies ``count`` batch rows from ``skip`` on into storage rows ``first, ...``, wrapping once."""
         cap0 = self._capacity_along_dim0
         head = min(count, cap0 - first)
+        leaves = _unaliased(leaves, self._leaves)
         for store, leaf in zip(self._leaves, leaves):
             store[first : first + head].copy_(leaf[skip : skip + head])
             if head < count:
@@ -367,7 +370,7 @@ class TensorStorage(Storage):
             cursor = tuple(torch.as_tensor(c, dtype=torch.long, device=self._leaves[0].device) for c in cursor)
         elif not isinstance(cursor, (int, slice)):
             cursor = torch.as_tensor(np.asarray(cursor), dtype=torch.long, device=self._leaves[0].device)
-        for store, leaf in zip(self._leaves, leaves):
+        for store, leaf in zip(self._leaves, _unaliased(leaves, self._leaves)):
             store[cursor] = leaf
         if set_cursor:
             written = len(rows) if item_offset else len(rows) * self._rest_numel
@@ -587,6 +590,29 @@ class LazyTensorStorage(TensorStorage):
         if type(self)._init_from is TensorStorage._init_from and isinstance(self.device, torch.device):
             # Rows held in memory: a capacity beyond the device's bytes cannot work for any item.
             check_fits_memory(self.max_size, self.device, f"{type(self).__name__}({self.max_size:,})")
+
+
+def _unaliased(leaves: list[torch.Tensor], stores: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``leaves``, with a copy of each one whose memory overlaps one of the storage's ``stores``.
+
+    A batch read from the buffer itself (``rb.extend(rb[0:10])``) may be a view of the rows it is
+    about to overwrite: copied first, a write that wraps never reads a row it already changed.
+    Compares address ranges only (metadata: no data is read, no device synchronisation).
+    """
+    spans = [_span(store) for store in stores]
+    out = []
+    for leaf in leaves:
+        lo, hi = _span(leaf)
+        overlaps = any(lo < s_hi and s_lo < hi for s_lo, s_hi in spans) and hi > lo
+        out.append(leaf.clone() if overlaps else leaf)
+    return out
+
+
+def _span(tensor: torch.Tensor) -> tuple[int, int]:
+    """The byte range ``[lo, hi)`` of the memory a tensor's storage occupies."""
+    storage = tensor.untyped_storage()
+    lo = storage.data_ptr()
+    return lo, lo + storage.nbytes()
 
 
 def _is_int(value: Any) -> bool:

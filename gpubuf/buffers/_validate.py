@@ -1,0 +1,183 @@
+"""Checks of what the public entry points of a buffer are given, run before anything changes.
+
+Every check reads metadata only (types, dtypes, shapes, devices) or host values: a tensor on a
+GPU is never read back (no synchronisation); its values are checked where the op runs.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any
+
+import numpy as np
+import torch
+
+from gpubuf.errors import (
+    DeviceMismatchError,
+    InvalidIndexError,
+    InvalidSliceError,
+    PriorityError,
+    SchemaMismatchError,
+    UnsupportedDataError,
+)
+from gpubuf.storages._layout import is_tensor_collection
+
+_INDEX_HELP = "expected an int, a slice with a positive step, a sequence or tensor of ints, or a boolean mask"
+
+
+def check_item_data(data: Any, what: str) -> None:
+    """Refuses data no storage can hold: ``None``, a bare number (``extend(3.0)``), a tensor on
+    the meta device (it has no values to copy).
+
+    Raises:
+        UnsupportedDataError: ``None`` or a bare number.
+        DeviceMismatchError: a tensor on the meta device.
+    """
+    if data is None:
+        raise UnsupportedDataError(f"{what} got None: expected an item (a tensor, TensorDict or other object)")
+    if isinstance(data, (numbers.Number, np.number)) and what.endswith("extend"):
+        raise UnsupportedDataError(
+            f"{what} got a bare {type(data).__name__}: expected a batch (a tensor or TensorDict with a leading dim, or a "
+            "list of items)"
+        )
+    if _on_meta(data):
+        raise DeviceMismatchError(f"{what} got data on the meta device, which holds no values: expected real tensors")
+
+
+def _on_meta(data: Any) -> bool:
+    if isinstance(data, torch.Tensor):
+        return data.device.type == "meta"
+    if is_tensor_collection(data):
+        device = data.device
+        if device is not None:
+            return device.type == "meta"
+        return any(leaf.device.type == "meta" for leaf in data.values(True, True) if isinstance(leaf, torch.Tensor))
+    if isinstance(data, (list, tuple)) and data:
+        first = data[0]
+        return isinstance(first, torch.Tensor) and first.device.type == "meta"
+    return False
+
+
+def check_read_index(index: Any, length: int) -> None:
+    """Refuses an index that does not address items of a buffer of ``length`` items.
+
+    Raises:
+        InvalidSliceError: a slice with a zero or negative step, or non-int bounds.
+        InvalidIndexError: a float or complex, a float tensor, a boolean mask of another length
+            than the buffer's, or a sequence that holds something else than ints.
+    """
+    if isinstance(index, slice):
+        for part, value in (("start", index.start), ("stop", index.stop), ("step", index.step)):
+            if value is not None and not _is_int(value):
+                raise InvalidSliceError(f"slice {part} {value!r} is not an int: {_INDEX_HELP}")
+        if index.step is not None and int(index.step) <= 0:
+            raise InvalidSliceError(f"slice step {index.step} is not positive: {_INDEX_HELP}")
+        return
+    if isinstance(index, bool):
+        raise InvalidIndexError(f"index {index!r} is a bool: {_INDEX_HELP}")
+    if isinstance(index, (float, complex, np.floating, np.complexfloating)):
+        raise InvalidIndexError(f"index {index!r} is a {type(index).__name__}: {_INDEX_HELP}")
+    if isinstance(index, torch.Tensor):
+        _check_index_dtype(index.dtype, tuple(index.shape), length)
+    elif isinstance(index, np.ndarray):
+        _check_index_dtype(_numpy_dtype(index), index.shape, length)
+    elif isinstance(index, list):
+        array = np.asarray(index) if index else np.zeros(0, dtype=np.int64)
+        if array.dtype == object or array.dtype.kind not in "iub":
+            raise InvalidIndexError(f"index list holds {array.dtype} values: {_INDEX_HELP}")
+        _check_index_dtype(_numpy_dtype(array), array.shape, length)
+    elif isinstance(index, tuple):
+        for part in index:
+            if isinstance(part, (float, complex)) or (isinstance(part, torch.Tensor) and part.dtype.is_floating_point):
+                raise InvalidIndexError(f"index {part!r} in a tuple index is not an int: {_INDEX_HELP}")
+            if isinstance(part, slice):
+                check_read_index(part, length)
+
+
+def _numpy_dtype(array: np.ndarray) -> torch.dtype | None:
+    kind = array.dtype.kind
+    if kind == "b":
+        return torch.bool
+    if kind in "iu":
+        return torch.int64
+    return None
+
+
+def _check_index_dtype(dtype: torch.dtype | None, shape: tuple, length: int) -> None:
+    if dtype is None or dtype.is_floating_point or dtype.is_complex:
+        raise InvalidIndexError(f"index of dtype {dtype} cannot address items: {_INDEX_HELP}")
+    if dtype == torch.bool and len(shape) >= 1 and shape[0] != length:
+        raise InvalidIndexError(
+            f"a boolean mask of {shape[0]} entries on a buffer of {length} items: expected one entry per item"
+        )
+
+
+def check_priority_index(index: Any) -> None:
+    """Refuses a priority-update index that holds no ints (floats, strings, None).
+
+    Raises:
+        InvalidIndexError: an index of another kind than ints (also a ``TypeError``).
+    """
+    if isinstance(index, tuple):
+        for part in index:
+            check_priority_index(part)
+        return
+    if isinstance(index, torch.Tensor):
+        if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
+            raise InvalidIndexError(f"priority index of dtype {index.dtype}: expected integer indices")
+        return
+    if isinstance(index, bool) or index is None:
+        raise InvalidIndexError(f"priority index {index!r}: expected integer indices")
+    if _is_int(index):
+        return
+    try:
+        array = np.asarray(index)
+    except (TypeError, ValueError) as err:
+        raise InvalidIndexError(f"priority index {type(index).__name__} cannot be read as integers ({err})") from None
+    if array.size and (array.dtype == object or array.dtype.kind not in "iu"):
+        raise InvalidIndexError(f"priority index holds {array.dtype} values: expected integer indices")
+
+
+def check_priority_values(priority: Any) -> None:
+    """Refuses a priority that is not numbers (None, strings, objects); host values only.
+
+    Raises:
+        PriorityError: ``None`` or non-numeric priorities (values are checked by the sampler).
+    """
+    if isinstance(priority, torch.Tensor):
+        if priority.dtype.is_complex or priority.dtype == torch.bool:
+            raise PriorityError(f"priority of dtype {priority.dtype}: expected real numbers")
+        return
+    if priority is None:
+        raise PriorityError("priority None: expected a number or one number per index")
+    if isinstance(priority, (numbers.Real, np.number)) and not isinstance(priority, bool):
+        return
+    try:
+        array = np.asarray(priority)
+    except (TypeError, ValueError) as err:
+        raise PriorityError(f"priority of type {type(priority).__name__} cannot be read as numbers ({err})") from None
+    if array.dtype == object or array.dtype.kind not in "iuf":
+        raise PriorityError(f"priority holds {array.dtype} values: expected real numbers")
+
+
+def check_dim_extend(dim_extend: int, data: Any) -> None:
+    """Refuses a batch with fewer dims than ``dim_extend`` needs (checked before the transpose).
+
+    Raises:
+        SchemaMismatchError: the data has no dim ``dim_extend``.
+    """
+    if dim_extend == 0:
+        return
+    if isinstance(data, torch.Tensor) or is_tensor_collection(data):
+        ndim = data.ndim if isinstance(data, torch.Tensor) else data.batch_dims
+        if ndim <= dim_extend:
+            raise SchemaMismatchError(
+                f"dim_extend={dim_extend} needs data with more than {dim_extend} batch dims, got {ndim}"
+            )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, bool) or (
+        isinstance(value, torch.Tensor) and value.ndim == 0 and not value.dtype.is_floating_point
+        and value.dtype != torch.bool
+    )
