@@ -165,12 +165,15 @@ def _check_writer(writer: Any, state: Any, rows: _Rows) -> None:
     count = state.get("_write_count", 0)
     if not _is_int(count) or count < 0:
         raise StateDictError(f"{where}: _write_count must be an int >= 0, got {count!r}")
+    if "_write_count" in state and rows.length is not None and count < rows.length:
+        raise StateDictError(f"{where}: _write_count {count} is less than the {rows.length} rows written")
     if rows.capacity is not None and cursor >= rows.capacity:
         raise StateDictError(f"{where}: _cursor {cursor} is past the storage's {rows.capacity} rows")
-    if rows.length is not None and rows.capacity is not None and rows.length < rows.capacity and cursor > rows.length:
+    if rows.length is not None and rows.capacity is not None and rows.length < rows.capacity and cursor != rows.length:
+        # While the storage fills, rows are written in order: the next one goes right after them.
         raise StateDictError(
-            f"{where}: _cursor {cursor} is past the {rows.length} rows written (expected at most {rows.length} while "
-            "the storage is not full)"
+            f"{where}: _cursor {cursor} with {rows.length} rows written (expected {rows.length} while the storage is "
+            "not full)"
         )
 
 

@@ -14,6 +14,7 @@ import torch
 
 from gpubuf.errors import (
     DeviceMismatchError,
+    IndexOutOfRangeError,
     InvalidIndexError,
     InvalidSliceError,
     PriorityError,
@@ -22,12 +23,14 @@ from gpubuf.errors import (
 )
 from gpubuf.storages._layout import is_tensor_collection
 
+_INT64 = torch.iinfo(torch.int64)
 _INDEX_HELP = "expected an int, a slice with a positive step, a sequence or tensor of ints, or a boolean mask"
 
 
-def check_item_data(data: Any, what: str) -> None:
+def check_item_data(data: Any, what: str, *, check_meta: bool = True) -> None:
     """Refuses data no storage can hold: ``None``, a bare number (``extend(3.0)``), a tensor on
-    the meta device (it has no values to copy).
+    the meta device (it has no values to copy; ``check_meta=False`` where the storage checks
+    devices itself).
 
     Raises:
         UnsupportedDataError: ``None`` or a bare number.
@@ -40,7 +43,7 @@ def check_item_data(data: Any, what: str) -> None:
             f"{what} got a bare {type(data).__name__}: expected a batch (a tensor or TensorDict with a leading dim, or a "
             "list of items)"
         )
-    if _on_meta(data):
+    if check_meta and _on_meta(data):
         raise DeviceMismatchError(f"{what} got data on the meta device, which holds no values: expected real tensors")
 
 
@@ -51,21 +54,43 @@ def _on_meta(data: Any) -> bool:
         device = data.device
         if device is not None:
             return device.type == "meta"
-        return any(leaf.device.type == "meta" for leaf in data.values(True, True) if isinstance(leaf, torch.Tensor))
-    if isinstance(data, (list, tuple)) and data:
-        first = data[0]
-        return isinstance(first, torch.Tensor) and first.device.type == "meta"
+        stacked = getattr(data, "tensordicts", None)
+        if stacked is not None:  # a lazy stack: its parts, without stacking ragged leaves
+            return any(_on_meta(part) for part in stacked)
+        return any(
+            isinstance(leaf, torch.Tensor) and leaf.device.type == "meta" for leaf in data.values(True, True)
+        )
+    if isinstance(data, (list, tuple)):
+        return any(_on_meta(item) for item in data)
+    if isinstance(data, dict):
+        return any(_on_meta(item) for item in data.values())
     return False
 
 
 def check_read_index(index: Any, length: int) -> None:
     """Refuses an index that does not address items of a buffer of ``length`` items.
 
+    Accepted: an int, a slice of ints with a positive step, a list / array / tensor of ints, a
+    boolean mask of ``length`` entries, and (storages with several dims, as torch indexes) a tuple
+    of those, ``None`` and ``...``. Values are range-checked by the storage.
+
     Raises:
         InvalidSliceError: a slice with a zero or negative step, or non-int bounds.
-        InvalidIndexError: a float or complex, a float tensor, a boolean mask of another length
-            than the buffer's, or a sequence that holds something else than ints.
+        InvalidIndexError: anything else: a float or complex, a float tensor, a boolean mask of
+            another length than the buffer's, a sequence holding something else than ints, a str
+            inside a tuple, an object of another kind.
     """
+    if isinstance(index, tuple):
+        for part in index:
+            if isinstance(part, tuple):
+                raise InvalidIndexError(f"a tuple nested in a tuple index: {_INDEX_HELP}")
+            if part is not None and part is not Ellipsis:
+                _check_one_index(part, length)
+        return
+    _check_one_index(index, length)
+
+
+def _check_one_index(index: Any, length: int) -> None:
     if isinstance(index, slice):
         for part, value in (("start", index.start), ("stop", index.stop), ("step", index.step)):
             if value is not None and not _is_int(value):
@@ -73,25 +98,37 @@ def check_read_index(index: Any, length: int) -> None:
         if index.step is not None and int(index.step) <= 0:
             raise InvalidSliceError(f"slice step {index.step} is not positive: {_INDEX_HELP}")
         return
-    if isinstance(index, bool):
-        raise InvalidIndexError(f"index {index!r} is a bool: {_INDEX_HELP}")
-    if isinstance(index, (float, complex, np.floating, np.complexfloating)):
-        raise InvalidIndexError(f"index {index!r} is a {type(index).__name__}: {_INDEX_HELP}")
     if isinstance(index, torch.Tensor):
+        if index.device.type == "meta":
+            raise InvalidIndexError(f"an index on the meta device holds no values: {_INDEX_HELP}")
         _check_index_dtype(index.dtype, tuple(index.shape), length)
-    elif isinstance(index, np.ndarray):
+        return
+    if _is_int(index):
+        return
+    if isinstance(index, np.ndarray):
         _check_index_dtype(_numpy_dtype(index), index.shape, length)
-    elif isinstance(index, list):
-        array = np.asarray(index) if index else np.zeros(0, dtype=np.int64)
-        if array.dtype == object or array.dtype.kind not in "iub":
-            raise InvalidIndexError(f"index list holds {array.dtype} values: {_INDEX_HELP}")
+        return
+    if isinstance(index, (list, range)):
+        array = _as_array(list(index))
+        if array is None or array.dtype == object or array.dtype.kind not in "iub":
+            kind = "other" if array is None else str(array.dtype)
+            raise InvalidIndexError(f"index list holds {kind} values: {_INDEX_HELP}")
         _check_index_dtype(_numpy_dtype(array), array.shape, length)
-    elif isinstance(index, tuple):
-        for part in index:
-            if isinstance(part, (float, complex)) or (isinstance(part, torch.Tensor) and part.dtype.is_floating_point):
-                raise InvalidIndexError(f"index {part!r} in a tuple index is not an int: {_INDEX_HELP}")
-            if isinstance(part, slice):
-                check_read_index(part, length)
+        return
+    raise InvalidIndexError(f"an index of type {type(index).__name__}: {_INDEX_HELP}")
+
+
+def _as_array(value: Any) -> np.ndarray | None:
+    """``value`` as a numpy array (an empty sequence as int64), or None when it is not array-like
+    (ragged lists, objects whose conversion fails)."""
+    if isinstance(value, (list, tuple)) and not value:
+        return np.zeros(0, dtype=np.int64)
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        return None
+    try:
+        return np.asarray(value)
+    except Exception:  # noqa: BLE001 - numpy raises many kinds for values that are not arrays
+        return None
 
 
 def _numpy_dtype(array: np.ndarray) -> torch.dtype | None:
@@ -125,15 +162,18 @@ def check_priority_index(index: Any) -> None:
     if isinstance(index, torch.Tensor):
         if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
             raise InvalidIndexError(f"priority index of dtype {index.dtype}: expected integer indices")
+        if index.device.type == "meta":
+            raise InvalidIndexError("a priority index on the meta device holds no values: expected integer indices")
         return
     if isinstance(index, bool) or index is None:
         raise InvalidIndexError(f"priority index {index!r}: expected integer indices")
     if _is_int(index):
+        if not _INT64.min <= int(index) <= _INT64.max:
+            raise IndexOutOfRangeError(f"priority index {index} is out of the int64 range: expected a stored item's index")
         return
-    try:
-        array = np.asarray(index)
-    except (TypeError, ValueError) as err:
-        raise InvalidIndexError(f"priority index {type(index).__name__} cannot be read as integers ({err})") from None
+    array = _as_array(index)
+    if array is None:
+        raise InvalidIndexError(f"priority index of type {type(index).__name__} cannot be read as integers")
     if array.size and (array.dtype == object or array.dtype.kind not in "iu"):
         raise InvalidIndexError(f"priority index holds {array.dtype} values: expected integer indices")
 
@@ -147,17 +187,17 @@ def check_priority_values(priority: Any) -> None:
     if isinstance(priority, torch.Tensor):
         if priority.dtype.is_complex or priority.dtype == torch.bool:
             raise PriorityError(f"priority of dtype {priority.dtype}: expected real numbers")
+        if priority.device.type == "meta":
+            raise PriorityError("priority on the meta device holds no values: expected real numbers")
         return
     if priority is None:
         raise PriorityError("priority None: expected a number or one number per index")
     if isinstance(priority, (numbers.Real, np.number)) and not isinstance(priority, bool):
         return
-    try:
-        array = np.asarray(priority)
-    except (TypeError, ValueError) as err:
-        raise PriorityError(f"priority of type {type(priority).__name__} cannot be read as numbers ({err})") from None
-    if array.dtype == object or array.dtype.kind not in "iuf":
-        raise PriorityError(f"priority holds {array.dtype} values: expected real numbers")
+    array = _as_array(priority)
+    if array is None or array.dtype == object or array.dtype.kind not in "iuf":
+        kind = "other" if array is None else str(array.dtype)
+        raise PriorityError(f"priority holds {kind} values: expected real numbers")
 
 
 def check_dim_extend(dim_extend: int, data: Any) -> None:

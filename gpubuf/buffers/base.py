@@ -22,15 +22,17 @@ from gpubuf.buffers._validate import (
 from gpubuf.errors import (
     BatchSizeError,
     ComponentTypeError,
+    CapacityError,
     GpubufError,
     InvalidArgumentError,
+    InvalidIndexError,
     MissingKeyError,
     StateDictError,
 )
 from gpubuf.samplers.base import Sampler
 from gpubuf.samplers.random import RandomSampler, _check_batch_size
 from gpubuf.storages._layout import expand_as_batch, is_tensor_collection
-from gpubuf.storages.base import Storage, check_device
+from gpubuf.storages.base import Storage, check_device, check_fits_memory
 from gpubuf.storages.list import ListStorage
 from gpubuf.storages.tensor import TensorStorage, _is_int
 from gpubuf.writers import RoundRobinWriter, Writer
@@ -262,6 +264,11 @@ class ReplayBuffer:
             return data.transpose(self._dim_extend, 0)
         return torch.utils._pytree.tree_map(lambda x: x.transpose(self._dim_extend, 0), data)
 
+    def _check_item(self, data: Any, method: str) -> None:
+        """Refuses data no storage holds (see :func:`check_item_data`); tensor storages check
+        devices themselves, with the storage's device in the message."""
+        check_item_data(data, f"{type(self).__name__}.{method}", check_meta=not isinstance(self._storage, TensorStorage))
+
     def add(self, data: Any) -> int:
         """Writes one item and returns its index.
 
@@ -271,7 +278,7 @@ class ReplayBuffer:
         """
         if len(self._transform):
             data = self._transform.inv(data)
-        check_item_data(data, f"{type(self).__name__}.add")
+        self._check_item(data, "add")
         with self._lock:
             self._sampler._check_new_items()
             self._invalidate_prefetch()
@@ -304,7 +311,7 @@ class ReplayBuffer:
         return self._extend(data)
 
     def _extend(self, data: Any) -> torch.Tensor:
-        check_item_data(data, f"{type(self).__name__}.extend")
+        self._check_item(data, "extend")
         check_dim_extend(self._dim_extend, data)
         with self._lock:
             self._sampler._check_new_items()
@@ -325,7 +332,7 @@ class ReplayBuffer:
         check_priority_index(index)
         check_priority_values(priority)
         if isinstance(index, tuple):
-            index = torch.stack(index, -1)
+            index = torch.stack([torch.as_tensor(part).reshape(-1) for part in index], -1) if index else index
         priority = torch.as_tensor(priority)
         if self._dim_extend > 0 and priority.ndim > 1:
             priority = self._transpose(priority).flatten()
@@ -632,7 +639,31 @@ class ReplayBuffer:
                 "batch_size not specified: pass it to the constructor (ReplayBuffer(batch_size=...)) or to "
                 "sample(batch_size)"
             )
-        return _check_batch_size(batch_size)
+        batch_size = _check_batch_size(batch_size)
+        self._check_batch_fits(batch_size)
+        return batch_size
+
+    def _check_batch_fits(self, batch_size: int) -> None:
+        """Refuses a batch whose indices and rows cannot fit in memory, before anything is drawn."""
+        if batch_size < _SMALL_BATCH:
+            return
+        storage = self._storage
+        layout = getattr(storage, "layout", None)
+        if layout is not None:
+            row_bytes = sum(spec.row_bytes for spec in layout.leaves)
+        else:
+            # Items of a list storage: a reference, and the first item's bytes when it is a tensor.
+            first = storage._storage[0] if isinstance(storage, ListStorage) and len(storage) else None
+            row_bytes = 64 + (first.nbytes if isinstance(first, torch.Tensor) else 0)
+        device = getattr(storage, "device", None)
+        device = device if isinstance(device, torch.device) else torch.device("cpu")
+        try:
+            check_fits_memory(batch_size * (8 + row_bytes), device, f"a batch of {batch_size:,} items", available=True)
+        except CapacityError as err:
+            raise BatchSizeError(
+                str(err).replace("a capacity whose rows fit in the device's memory", "a batch that fits in the memory "
+                                 "available").replace(" (use LazyMemmapStorage for rows kept on disk)", "")
+            ) from None
 
     def sample(self, batch_size: int | None = None, return_info: bool = False) -> Any:
         """Samples a batch.
@@ -710,6 +741,18 @@ class ReplayBuffer:
         if isinstance(index, str) or (isinstance(index, tuple) and index and all(isinstance(i, str) for i in index)):
             return self._field(index)
         check_read_index(index, len(self))
+        try:
+            return self._getitem(index)
+        except GpubufError:
+            raise
+        except (IndexError, TypeError, ValueError, RuntimeError) as err:
+            # A read changes nothing: whatever torch refuses in an index is the index's fault.
+            raise InvalidIndexError(
+                f"index {_describe(index)} cannot address this buffer's items ({type(err).__name__}: {err}); "
+                "expected an int, a slice with a positive step, a sequence or tensor of ints, or a boolean mask"
+            ) from None
+
+    def _getitem(self, index: Any) -> Any:
         with self._lock:
             if self._dim_extend > 0:
                 # As in TorchRL: the index runs along the dim the data was extended along, and the
@@ -733,7 +776,7 @@ class ReplayBuffer:
         if len(self._transform):
             value = self._transform.inv(value)
         check_read_index(index, len(self))
-        check_item_data(value, f"{type(self).__name__}.__setitem__")
+        self._check_item(value, "__setitem__")
         with self._lock:
             self._invalidate_prefetch()
             self._storage.set(index, value, set_cursor=False)
@@ -812,6 +855,9 @@ class ReplayBuffer:
                 if isinstance(err, GpubufError):
                     raise
                 raise StateDictError(f"the state dict does not fit this buffer: {type(err).__name__}: {err}") from err
+            if isinstance(self._writer, RoundRobinWriter) and self._writer._write_count < len(self):
+                # A state without a write count (TorchRL's writers keep none): at least the rows held.
+                self._writer._write_count = len(self)
             self._batch_size = state_dict["_batch_size"]
             if checked.generator is not None:
                 self.set_rng(checked.generator)
@@ -878,6 +924,14 @@ class ReplayBuffer:
         )
 
 
+def _describe(value: Any) -> str:
+    """A short description of an index for an error message (never a whole tensor)."""
+    if isinstance(value, torch.Tensor):
+        return f"tensor({value.dtype}, shape={list(value.shape)})"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _to(value: Any, device: torch.device) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(device)
@@ -899,6 +953,10 @@ class _Route(NamedTuple):
 
 _NO_ROUTE = _Route(None, None, None, None)
 
+
+#: Batches below this many items are not checked against the memory available (reading it costs
+#: a file read; such a batch cannot exhaust memory unless its items are huge).
+_SMALL_BATCH = 1 << 16
 
 #: The key under which a TensorDict batch carries the drawn indices.
 _INDEX_KEY = ("index",)

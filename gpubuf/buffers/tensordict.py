@@ -7,9 +7,8 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
-from gpubuf.buffers._validate import check_item_data
 from gpubuf.buffers.base import _INDEX_KEY, _SETTLED_READ_DRAWN, ReplayBuffer, _info_entries
-from gpubuf.storages._layout import expand_as_batch
+from gpubuf.storages._layout import expand_as_batch, is_tensor_collection
 from gpubuf.errors import MissingKeyError, UnsupportedDataError
 from gpubuf.samplers.base import Sampler
 from gpubuf.storages.tensor import TensorStorage
@@ -71,7 +70,12 @@ class TensorDictReplayBuffer(ReplayBuffer):
     def add(self, data: TensorDictBase) -> int:
         if len(self._transform):
             data = self._transform.inv(data)
-        check_item_data(data, f"{type(self).__name__}.add")
+        self._check_item(data, "add")
+        if not is_tensor_collection(data):
+            raise UnsupportedDataError(
+                f"{type(self).__name__}.add takes a TensorDict or tensorclass, got {type(data).__name__}; use "
+                "ReplayBuffer for other data"
+            )
         if isinstance(data, TensorDictBase):
             self._check_item_priority(data)
         with self._lock:

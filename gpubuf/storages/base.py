@@ -50,34 +50,47 @@ def check_device(device: Any, what: str = "device") -> torch.device:
     return device
 
 
-def device_memory_bytes(device: torch.device) -> int | None:
-    """The physical memory of ``device`` in bytes (host RAM for the CPU), or None when unknown."""
+def device_memory_bytes(device: torch.device, *, available: bool = False) -> int | None:
+    """The physical memory of ``device`` in bytes (host RAM for the CPU), or None when unknown.
+
+    With ``available``, the memory that can be allocated now instead (``MemAvailable`` of the
+    host, the free memory of a GPU): the bound of a transient allocation such as a batch.
+    """
     try:
         if device.type == "cpu":
+            if available:
+                with open("/proc/meminfo", encoding="ascii") as meminfo:
+                    for line in meminfo:
+                        if line.startswith("MemAvailable:"):
+                            return int(line.split()[1]) * 1024
             return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         if device.type == "cuda":
             index = torch.cuda.current_device() if device.index is None else device.index
+            if available:
+                return int(torch.cuda.mem_get_info(index)[0])
             return int(torch.cuda.get_device_properties(index).total_memory)
     except (OSError, ValueError, RuntimeError, AttributeError):
         return None
     return None
 
 
-def check_fits_memory(nbytes: int, device: torch.device, what: str) -> None:
+def check_fits_memory(nbytes: int, device: torch.device, what: str, *, available: bool = False) -> None:
     """Refuses an allocation of ``nbytes`` that exceeds the physical memory of ``device``.
 
     The rule of in-memory storages: an allocation that cannot fit in the device's memory, even
     with nothing else on it, is refused before it is attempted (with overcommit, a host
     allocation larger than RAM would succeed and the process be killed at the first touch).
-    Whether it fits beside what is already allocated is left to the allocator.
+    Whether it fits beside what is already allocated is left to the allocator, except with
+    ``available`` (transient allocations, such as a sampled batch).
 
     Raises:
         CapacityError: ``nbytes`` is larger than the device's memory.
     """
-    total = device_memory_bytes(device)
+    total = device_memory_bytes(device, available=available)
     if total is not None and nbytes > total:
+        has = "has available" if available else "has"
         raise CapacityError(
-            f"{what} needs {nbytes:,} bytes on {device}, which has {total:,}: expected a capacity whose rows fit in "
+            f"{what} needs {nbytes:,} bytes on {device}, which {has} {total:,}: expected a capacity whose rows fit in "
             "the device's memory (use LazyMemmapStorage for rows kept on disk)"
         )
 

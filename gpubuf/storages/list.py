@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpubuf.errors import EmptyBufferError, IndexOutOfRangeError, UnsupportedDataError
+from gpubuf.errors import EmptyBufferError, IndexOutOfRangeError, InvalidIndexError, UnsupportedDataError
 from gpubuf.storages.base import Storage, check_max_size
 from gpubuf.storages.tensor import _is_int
 
@@ -103,7 +103,7 @@ class ListStorage(Storage):
             return
         if isinstance(cursor, slice):
             cursor = range(len(self._storage) + len(self._as_items(data)))[cursor]
-        cursor = cursor.tolist() if isinstance(cursor, (torch.Tensor, np.ndarray)) else list(cursor)
+        cursor = _positions(cursor)
         items = self._as_items(data)
         if len(items) != len(cursor):
             raise UnsupportedDataError(f"got {len(items)} items for {len(cursor)} indices")
@@ -135,7 +135,7 @@ class ListStorage(Storage):
             if len(index) != 1:
                 raise IndexOutOfRangeError("a ListStorage is indexed along one dimension only")
             return self.get(index[0])
-        index = index.tolist() if isinstance(index, (torch.Tensor, np.ndarray)) else list(index)
+        index = _positions(index)
         for i in index:
             if not -n <= i < n:
                 raise IndexOutOfRangeError(f"index {i} is out of range for a storage of length {n}")
@@ -155,6 +155,23 @@ class ListStorage(Storage):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(items={len(self)}, max_size={self.max_size})"
+
+
+def _positions(index: Any) -> list[int]:
+    """A sequence, array or tensor index as a flat list of ints; a boolean mask as the positions it selects."""
+    if isinstance(index, (torch.Tensor, np.ndarray)):
+        tensor = torch.as_tensor(index)
+        if tensor.dtype == torch.bool:
+            tensor = tensor.reshape(-1).nonzero().squeeze(-1)
+        if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
+            raise InvalidIndexError(f"an index of dtype {tensor.dtype}: expected integer positions")
+        return tensor.reshape(-1).tolist()
+    values = list(index)
+    if values and all(isinstance(v, (bool, np.bool_)) for v in values):
+        return [i for i, v in enumerate(values) if v]
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
+        raise InvalidIndexError("an index sequence holding values other than ints: expected integer positions")
+    return [int(v) for v in values]
 
 
 __all__ = ["ListStorage"]

@@ -60,6 +60,11 @@ def _stack_items(items: list) -> Any:
         spec = flat[0][1]
         if any(s != spec for _, s in flat):
             raise SchemaMismatchError("the items of the list do not share one pytree structure")
+        if not all(isinstance(leaf, torch.Tensor) for leaves, _ in flat for leaf in leaves):
+            raise UnsupportedDataError(
+                "a tensor storage holds tensors, TensorDicts, tensorclasses or pytrees of tensors; got a list of "
+                f"{type(first).__name__} holding other values. Use ListStorage for arbitrary Python objects"
+            )
         try:
             leaves = [torch.stack([f[0][i] for f in flat]) for i in range(len(flat[0][0]))]
         except (RuntimeError, TypeError) as err:
@@ -119,7 +124,9 @@ class TensorStorage(Storage):
         compilable: bool = False,
     ) -> None:
         if storage is None and max_size is None:
-            raise InvalidArgumentError("TensorStorage needs a storage (tensor or TensorDict) or a max_size")
+            raise InvalidArgumentError(
+                "TensorStorage got neither storage nor max_size: expected a tensor or TensorDict as storage, or a max_size"
+            )
         if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 1:
             raise InvalidArgumentError(f"ndim must be a positive int, got {ndim!r}")
         self.ndim = ndim
@@ -350,6 +357,9 @@ class TensorStorage(Storage):
             lead = [index.shape[0]]
         else:
             tensor = torch.as_tensor(np.asarray(cursor) if not isinstance(cursor, torch.Tensor) else cursor)
+            if tensor.dtype == torch.bool:
+                # A mask writes one item per True entry, at that entry's position.
+                tensor = cursor = tensor.reshape(-1).nonzero().squeeze(-1)
             rows = tensor.reshape(-1).tolist()
             lead = list(tensor.shape)
         # A tuple cursor addresses single elements of an ndim > 1 storage: the data then holds

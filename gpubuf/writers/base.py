@@ -7,7 +7,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from gpubuf.errors import SchemaMismatchError
+from gpubuf.errors import SchemaMismatchError, UnsupportedDataError
 from gpubuf.storages._layout import is_tensor_collection
 from gpubuf.storages.tensor import _is_int
 
@@ -22,7 +22,15 @@ def batch_length(data: Any) -> int:
         return len(data)
     leaves = [leaf for leaf in pytree.tree_leaves(data) if isinstance(leaf, torch.Tensor)]
     if not leaves:
-        return len(data)
+        try:
+            return len(data)
+        except TypeError:
+            raise UnsupportedDataError(
+                f"cannot extend with a {type(data).__name__}: expected a batch (a tensor, TensorDict, pytree of "
+                "tensors or a list of items)"
+            ) from None
+    if leaves[0].ndim == 0:
+        raise SchemaMismatchError("expected a batch with a leading dimension, got scalar leaves; use add() for one item")
     return leaves[0].shape[0]
 
 
