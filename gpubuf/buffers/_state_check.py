@@ -20,6 +20,7 @@ from gpubuf.errors import StateDictError, StateDictKeyError
 from gpubuf.samplers.prioritized import PrioritizedSampler
 from gpubuf.storages._layout import is_tensor_collection
 from gpubuf.storages.list import ListStorage
+from gpubuf.storages.memmap import LazyMemmapStorage
 from gpubuf.storages.tensor import TensorStorage
 from gpubuf.writers import RoundRobinWriter
 
@@ -34,6 +35,10 @@ class CheckedState(NamedTuple):
 
 
 def _is_int(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):  # a compilable TorchRL component keeps 0-d tensors
+        return value.ndim == 0 and value.device.type == "cpu" and not value.dtype.is_floating_point and (
+            value.dtype != torch.bool
+        )
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
@@ -59,7 +64,9 @@ def check_buffer_state(buffer: Any, state_dict: Any) -> CheckedState:
     state = _require_dict(state_dict, "state dict")
     _require_keys(state, REQUIRED_KEYS, "state dict")
     batch_size = state["_batch_size"]
-    if batch_size is not None and (not _is_int(batch_size) or batch_size <= 0):
+    if batch_size is not None and (
+        not isinstance(batch_size, numbers.Integral) or isinstance(batch_size, bool) or batch_size <= 0
+    ):
         raise StateDictError(f"state dict: _batch_size must be None or a positive int, got {batch_size!r}")
     transforms = state.get("_transforms")
     if transforms is not None and not isinstance(transforms, dict):
@@ -98,11 +105,13 @@ def _check_storage(buffer: Any, state: Any) -> _Rows:
     storage = buffer._storage
     where = "state dict _storage"
     state = _require_dict(state, where)
-    if isinstance(storage, TensorStorage):
+    loader = type(storage).load_state_dict
+    if loader in (TensorStorage.load_state_dict, LazyMemmapStorage.load_state_dict):
         _require_keys(state, ("_storage", "_len"), where)
         data, length = state["_storage"], state["_len"]
-        if not _is_int(length) or length < 0:
+        if not _is_int(length) or int(length) < 0:
             raise StateDictError(f"{where}: _len must be an int >= 0, got {length!r}")
+        length = int(length)
         if data is None:
             if length != 0:
                 raise StateDictError(f"{where}: _len is {length} but the state holds no data (expected 0)")
@@ -133,7 +142,7 @@ def _check_storage(buffer: Any, state: Any) -> _Rows:
             raise StateDictError(f"{where}: _len is {length}, more than the {capacity} items the data holds")
         rest = capacity // max(cap0, 1)
         return _Rows(-(-length // max(rest, 1)), cap0)
-    if isinstance(storage, ListStorage):
+    if loader is ListStorage.load_state_dict:
         _require_keys(state, ("_storage",), where)
         items = state["_storage"]
         if not isinstance(items, (list, tuple)):
@@ -141,6 +150,7 @@ def _check_storage(buffer: Any, state: Any) -> _Rows:
         if len(items) > storage.max_size:
             raise StateDictError(f"{where}: {len(items)} items for a capacity of {storage.max_size}")
         return _Rows(len(items), storage.max_size)
+    # A storage of another kind (stacked, packed, encoded, ensembles) checks its own state.
     return _Rows(None, None)
 
 
@@ -160,13 +170,12 @@ def _check_writer(writer: Any, state: Any, rows: _Rows) -> None:
         return
     _require_keys(state, ("_cursor",), where)
     cursor = state["_cursor"]
-    if not _is_int(cursor) or cursor < 0:
+    if not _is_int(cursor) or int(cursor) < 0:
         raise StateDictError(f"{where}: _cursor must be an int >= 0, got {cursor!r}")
     count = state.get("_write_count", 0)
-    if not _is_int(count) or count < 0:
+    if not _is_int(count) or int(count) < 0:
         raise StateDictError(f"{where}: _write_count must be an int >= 0, got {count!r}")
-    if "_write_count" in state and rows.length is not None and count < rows.length:
-        raise StateDictError(f"{where}: _write_count {count} is less than the {rows.length} rows written")
+    cursor = int(cursor)
     if rows.capacity is not None and cursor >= rows.capacity:
         raise StateDictError(f"{where}: _cursor {cursor} is past the storage's {rows.capacity} rows")
     if rows.length is not None and rows.capacity is not None and rows.length < rows.capacity and cursor != rows.length:
@@ -180,9 +189,9 @@ def _check_writer(writer: Any, state: Any, rows: _Rows) -> None:
 def _check_sampler(sampler: Any, state: Any, storage: Any, rows: _Rows) -> None:
     where = "state dict _sampler"
     state = _require_dict(state, where)
+    sampler._check_state_dict(state)
     if not isinstance(sampler, PrioritizedSampler):
         return
-    sampler._check_state(state)
     leaves = state["_tree"]["leaves"]
     if rows.length is not None and getattr(storage, "ndim", 1) == 1 and leaves.device.type == "cpu":
         if bool((leaves[rows.length :] > 0).any()):

@@ -176,6 +176,8 @@ def check_priority_index(index: Any) -> None:
         raise InvalidIndexError(f"priority index of type {type(index).__name__} cannot be read as integers")
     if array.size and (array.dtype == object or array.dtype.kind not in "iu"):
         raise InvalidIndexError(f"priority index holds {array.dtype} values: expected integer indices")
+    if array.size and array.dtype.kind == "u" and int(array.max()) > _INT64.max:
+        raise IndexOutOfRangeError(f"priority index {int(array.max())} is out of the int64 range: expected a stored item's index")
 
 
 def check_priority_values(priority: Any) -> None:
@@ -193,8 +195,17 @@ def check_priority_values(priority: Any) -> None:
     if priority is None:
         raise PriorityError("priority None: expected a number or one number per index")
     if isinstance(priority, (numbers.Real, np.number)) and not isinstance(priority, bool):
+        try:
+            float(priority)
+        except OverflowError:
+            raise PriorityError(f"priority {priority} is beyond the float64 range: expected a finite number") from None
         return
     array = _as_array(priority)
+    if array is not None and array.dtype == object:
+        try:  # Python ints past int64 are still numbers
+            array = np.asarray(priority, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError):
+            array = None
     if array is None or array.dtype == object or array.dtype.kind not in "iuf":
         kind = "other" if array is None else str(array.dtype)
         raise PriorityError(f"priority holds {kind} values: expected real numbers")

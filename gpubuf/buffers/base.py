@@ -6,6 +6,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, NamedTuple
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 
@@ -333,7 +334,9 @@ class ReplayBuffer:
         check_priority_values(priority)
         if isinstance(index, tuple):
             index = torch.stack([torch.as_tensor(part).reshape(-1) for part in index], -1) if index else index
-        priority = torch.as_tensor(priority)
+        if not isinstance(priority, torch.Tensor):
+            # Python and numpy numbers as float64 (an int past int64 is still a number).
+            priority = torch.as_tensor(np.asarray(priority, dtype=np.float64))
         if self._dim_extend > 0 and priority.ndim > 1:
             priority = self._transpose(priority).flatten()
         with self._lock:
@@ -649,6 +652,9 @@ class ReplayBuffer:
             return
         storage = self._storage
         layout = getattr(storage, "layout", None)
+        checked = self.__dict__.get("_batch_checked")
+        if checked is not None and checked[0] is storage and checked[1] is layout and batch_size <= checked[2]:
+            return  # a batch this large was checked already for these rows
         if layout is not None:
             row_bytes = sum(spec.row_bytes for spec in layout.leaves)
         else:
@@ -664,6 +670,7 @@ class ReplayBuffer:
                 str(err).replace("a capacity whose rows fit in the device's memory", "a batch that fits in the memory "
                                  "available").replace(" (use LazyMemmapStorage for rows kept on disk)", "")
             ) from None
+        self._batch_checked = (storage, layout, batch_size)
 
     def sample(self, batch_size: int | None = None, return_info: bool = False) -> Any:
         """Samples a batch.
@@ -855,9 +862,6 @@ class ReplayBuffer:
                 if isinstance(err, GpubufError):
                     raise
                 raise StateDictError(f"the state dict does not fit this buffer: {type(err).__name__}: {err}") from err
-            if isinstance(self._writer, RoundRobinWriter) and self._writer._write_count < len(self):
-                # A state without a write count (TorchRL's writers keep none): at least the rows held.
-                self._writer._write_count = len(self)
             self._batch_size = state_dict["_batch_size"]
             if checked.generator is not None:
                 self.set_rng(checked.generator)

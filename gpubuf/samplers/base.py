@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from gpubuf.errors import StateDictError
+
 
 class Sampler:
     """Chooses which items a sample reads.
@@ -68,7 +70,13 @@ class Sampler:
         return {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        return None
+        self._check_state_dict(state_dict)
+
+    def _check_state_dict(self, state_dict: Any) -> None:
+        """Raises :class:`~gpubuf.errors.StateDictError` for a state :meth:`load_state_dict`
+        would refuse, or that would leave the sampler broken; changes nothing."""
+        if not isinstance(state_dict, dict):
+            raise StateDictError(f"sampler state: expected a dict, got {type(state_dict).__name__}")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -607,6 +607,9 @@ class PrioritizedSampler(Sampler):
             None if index is None else torch.tensor(index, dtype=torch.long, device=device),
         )
 
+    def _check_state_dict(self, state_dict: Any) -> None:
+        self._check_state(state_dict)
+
     def _check_state(self, state_dict: Any) -> tuple:
         """Validates a :meth:`state_dict` whole; returns ``(alpha, beta, eps, tree state, max, max index)``."""
         where = "sampler state"
@@ -627,11 +630,16 @@ class PrioritizedSampler(Sampler):
         tree_state = state_dict["_tree"]
         if not isinstance(tree_state, dict) or not {"capacity", "fanout", "dtype", "leaves"} <= set(tree_state):
             raise StateDictError(f"{where}: _tree must be a dict with capacity, fanout, dtype and leaves")
-        if tree_state["capacity"] != self._max_capacity:
+        tree_capacity = tree_state["capacity"]
+        if (
+            isinstance(tree_capacity, bool)
+            or not isinstance(tree_capacity, numbers.Integral)
+            or tree_capacity != self._max_capacity
+        ):
             raise StateDictError(
                 f"{where}: the tree's capacity ({tree_state['capacity']!r}) differs from this sampler's ({self._max_capacity})"
             )
-        if tree_state["dtype"] != str(self.dtype).removeprefix("torch."):
+        if not isinstance(tree_state["dtype"], str) or tree_state["dtype"] != str(self.dtype).removeprefix("torch."):
             raise StateDictError(f"{where}: the tree dtype ({tree_state['dtype']!r}) differs from this sampler's ({self.dtype})")
         fanout = tree_state["fanout"]
         if isinstance(fanout, bool) or not isinstance(fanout, numbers.Integral) or fanout < 2:

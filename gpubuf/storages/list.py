@@ -7,7 +7,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpubuf.errors import EmptyBufferError, IndexOutOfRangeError, InvalidIndexError, UnsupportedDataError
+from gpubuf.errors import (
+    EmptyBufferError,
+    IndexOutOfRangeError,
+    InvalidIndexError,
+    StateDictError,
+    StateDictKeyError,
+    UnsupportedDataError,
+)
 from gpubuf.storages.base import Storage, check_max_size
 from gpubuf.storages.tensor import _is_int
 
@@ -151,7 +158,22 @@ class ListStorage(Storage):
         return {"_storage": list(self._storage)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._storage = list(state_dict["_storage"])
+        """Replaces the items with a :meth:`state_dict`'s.
+
+        Raises:
+            StateDictKeyError: no ``_storage``.
+            StateDictError: ``_storage`` is not a list of at most ``max_size`` items; nothing changes.
+        """
+        if not isinstance(state_dict, dict):
+            raise StateDictError(f"storage state: expected a dict, got {type(state_dict).__name__}")
+        if "_storage" not in state_dict:
+            raise StateDictKeyError("storage state: missing key '_storage' (expected the keys of state_dict())")
+        items = state_dict["_storage"]
+        if not isinstance(items, (list, tuple)) or len(items) > self.max_size:
+            raise StateDictError(
+                f"storage state: _storage must be a list of at most {self.max_size} items, got {type(items).__name__}"
+            )
+        self._storage = list(items)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(items={len(self)}, max_size={self.max_size})"

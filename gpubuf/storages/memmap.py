@@ -47,7 +47,7 @@ from gpubuf.storages._shared import (
     LocalState,
     state_dir,
 )
-from gpubuf.storages.tensor import LazyTensorStorage, _is_int, _leading_size, _stack_items
+from gpubuf.storages.tensor import LazyTensorStorage, _check_state, _is_int, _leading_size, _stack_items
 
 __all__ = [
     "LazyMemmapStorage",
@@ -757,11 +757,13 @@ class LazyMemmapStorage(LazyTensorStorage):
             DiskFullError: no space for the rows.
         """
         self._check_usable()
-        data = state_dict["_storage"]
+        data, length = _check_state(state_dict, self.ndim)
         if data is None:
             self._empty()
             return
         n = _leading_size(data)
+        if not self.initialized and self.ndim == 1 and n != self.max_size:
+            raise StorageMismatchError(f"the state dict holds {n} rows, this storage's capacity is {self.max_size}")
         if self.initialized:
             files.check_same_layout(Layout.from_batch(data, leading=1), self._description(), self.scratch_dir)
             if n != self._capacity_along_dim0:
@@ -770,7 +772,7 @@ class LazyMemmapStorage(LazyTensorStorage):
                 )
         self._write_rows(0, data)
         with self._state.lock:
-            self._state.length = int(state_dict["_len"])
+            self._state.length = length
 
     # ------------------------------------------------------------------ cleanup
     def cleanup(self) -> bool:

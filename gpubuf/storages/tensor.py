@@ -19,6 +19,9 @@ import torch
 
 from gpubuf.errors import (
     DeviceMismatchError,
+    GpubufError,
+    StateDictError,
+    StateDictKeyError,
     EmptyBufferError,
     IndexOutOfRangeError,
     InvalidArgumentError,
@@ -533,7 +536,14 @@ class TensorStorage(Storage):
         return {"_storage": self._storage, "initialized": self.initialized, "_len": self._len}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        data = state_dict["_storage"]
+        """Replaces the rows with a :meth:`state_dict`'s (the layout comes with them).
+
+        Raises:
+            StateDictKeyError: ``_storage`` or ``_len`` missing.
+            StateDictError: a length that is not an int in ``[0, items held]``, or data that is not
+                tensors; nothing changes.
+        """
+        data, length = _check_state(state_dict, self.ndim)
         if data is None:
             self._layout = self._leaves = self._flat_leaves = None
             self._len = 0
@@ -544,7 +554,7 @@ class TensorStorage(Storage):
         if self._auto_device:
             self.device = device
         self._install(layout, [leaf.to(device).clone() for leaf in leaves])
-        self._len = int(state_dict["_len"])
+        self._len = length
 
     def __repr__(self) -> str:
         return (
@@ -600,6 +610,32 @@ class LazyTensorStorage(TensorStorage):
         if type(self)._init_from is TensorStorage._init_from and isinstance(self.device, torch.device):
             # Rows held in memory: a capacity beyond the device's bytes cannot work for any item.
             check_fits_memory(self.max_size, self.device, f"{type(self).__name__}({self.max_size:,})")
+
+
+def _check_state(state_dict: Any, ndim: int) -> tuple[Any, int]:
+    """``(data, length)`` of a tensor storage's state dict, checked; raises the typed errors of
+    :meth:`TensorStorage.load_state_dict`."""
+    if not isinstance(state_dict, dict):
+        raise StateDictError(f"storage state: expected a dict, got {type(state_dict).__name__}")
+    for key in ("_storage", "_len"):
+        if key not in state_dict:
+            raise StateDictKeyError(f"storage state: missing key {key!r} (expected the keys of state_dict())")
+    data, length = state_dict["_storage"], state_dict["_len"]
+    if isinstance(length, torch.Tensor) and length.ndim == 0 and not length.dtype.is_floating_point:
+        length = int(length)
+    if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
+        raise StateDictError(f"storage state: _len must be an int >= 0, got {length!r}")
+    if data is None:
+        if length:
+            raise StateDictError(f"storage state: _len is {length} but the state holds no data (expected 0)")
+        return None, 0
+    try:
+        held = _leading_shape(data, ndim).numel()
+    except GpubufError as err:
+        raise StateDictError(f"storage state: _storage holds no tensors ({err})") from None
+    if length > held:
+        raise StateDictError(f"storage state: _len is {length}, more than the {held} items the data holds")
+    return data, int(length)
 
 
 def _unaliased(leaves: list[torch.Tensor], stores: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -25,6 +25,7 @@ from gpubuf import (
     ListStorage,
     PrioritizedReplayBuffer,
     ReplayBuffer,
+    SamplerWithoutReplacement,
     TensorDictPrioritizedReplayBuffer,
     TensorDictReplayBuffer,
 )
@@ -164,7 +165,8 @@ class HostileUser(RuleBasedStateMachine):
 
     @rule(batch_size=st.one_of(st.integers(-3, 20), scalars.filter(lambda v: not isinstance(v, int) or v < 100)))
     def sample(self, batch_size):
-        self.attempt(lambda: self.rb.sample(batch_size), writes=False)
+        # A draw may move the sampler (an epoch without replacement); refused, it changes nothing.
+        self.attempt(lambda: self.rb.sample(batch_size))
 
     # ------------------------------------------------------------------ priorities
     @rule(index=indices, priority=st.one_of(hostile, st.sampled_from(SPECIAL), tensors(st.integers(0, 10))))
@@ -221,6 +223,11 @@ class PrioritizedBuffer(HostileUser):
         return PrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=LazyTensorStorage(CAPACITY))
 
 
+class WithoutReplacementBuffer(HostileUser):
+    def make(self):
+        return ReplayBuffer(storage=LazyTensorStorage(CAPACITY), sampler=SamplerWithoutReplacement())
+
+
 class TensorDictBuffer(HostileUser):
     kind = "td"
 
@@ -240,9 +247,12 @@ class MemmapBuffer(HostileUser):
         return ReplayBuffer(storage=LazyMemmapStorage(CAPACITY))
 
 
-MACHINES = [TensorBuffer, ListBuffer, PrioritizedBuffer, TensorDictBuffer, TensorDictPrioritizedBuffer, MemmapBuffer]
+MACHINES = [
+    TensorBuffer, ListBuffer, PrioritizedBuffer, WithoutReplacementBuffer, TensorDictBuffer,
+    TensorDictPrioritizedBuffer, MemmapBuffer,
+]
 _HEALTH = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]
-FAST = settings(max_examples=12, stateful_step_count=12, deadline=None, suppress_health_check=_HEALTH,
+FAST = settings(max_examples=25, stateful_step_count=15, deadline=None, suppress_health_check=_HEALTH,
                 derandomize=True, database=None)
 DEEP = settings(max_examples=150, stateful_step_count=30, deadline=None, suppress_health_check=_HEALTH)
 
