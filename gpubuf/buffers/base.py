@@ -664,12 +664,15 @@ class ReplayBuffer:
         device = getattr(storage, "device", None)
         device = device if isinstance(device, torch.device) else torch.device("cpu")
         try:
-            check_fits_memory(batch_size * (8 + row_bytes), device, f"a batch of {batch_size:,} items", available=True)
+            check_fits_memory(
+                batch_size * (8 + row_bytes),
+                device,
+                f"a batch of {batch_size:,} items",
+                available=True,
+                expected="a batch_size whose batch fits in the memory available",
+            )
         except CapacityError as err:
-            raise BatchSizeError(
-                str(err).replace("a capacity whose rows fit in the device's memory", "a batch that fits in the memory "
-                                 "available").replace(" (use LazyMemmapStorage for rows kept on disk)", "")
-            ) from None
+            raise BatchSizeError(str(err)) from None
         self._batch_checked = (storage, layout, batch_size)
 
     def sample(self, batch_size: int | None = None, return_info: bool = False) -> Any:

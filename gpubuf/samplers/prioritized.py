@@ -32,6 +32,7 @@ from gpubuf.ops.sumtree import (
     sumtree_update_compiled_ready,
 )
 from gpubuf.samplers.base import Sampler
+from gpubuf.storages.base import check_device, check_fits_memory
 from gpubuf.samplers.random import _check_batch_size, _unravel
 
 __all__ = ["PrioritizedSampler"]
@@ -159,9 +160,17 @@ class PrioritizedSampler(Sampler):
         self.reduction = reduction
         self._max_priority_within_buffer = bool(max_priority_within_buffer)
         self.stratified = bool(stratified)
-        self._device = None if device is None else torch.device(device)
+        self._device = None if device is None else check_device(device)
         self._storage: Any = None
         self._bound_device_attr: Any = _UNBOUND
+        # The leaves alone take capacity x itemsize bytes: a tree that cannot fit is refused
+        # before the allocation (with overcommit, it would succeed and fail when first touched).
+        check_fits_memory(
+            self._max_capacity * dtype.itemsize,
+            self._device or torch.device("cpu"),
+            f"a priority tree of max_capacity={self._max_capacity:,}",
+            expected="a max_capacity whose tree fits in the device's memory",
+        )
         try:
             self._tree = SumTree(self._max_capacity, dtype=dtype, device=self._device or "cpu")
         except (MemoryError, RuntimeError, OverflowError) as err:

@@ -74,7 +74,14 @@ def device_memory_bytes(device: torch.device, *, available: bool = False) -> int
     return None
 
 
-def check_fits_memory(nbytes: int, device: torch.device, what: str, *, available: bool = False) -> None:
+def check_fits_memory(
+    nbytes: int,
+    device: torch.device,
+    what: str,
+    *,
+    available: bool = False,
+    expected: str = "a capacity whose rows fit in the device's memory (use LazyMemmapStorage for rows kept on disk)",
+) -> None:
     """Refuses an allocation of ``nbytes`` that exceeds the physical memory of ``device``.
 
     The rule of in-memory storages: an allocation that cannot fit in the device's memory, even
@@ -89,10 +96,7 @@ def check_fits_memory(nbytes: int, device: torch.device, what: str, *, available
     total = device_memory_bytes(device, available=available)
     if total is not None and nbytes > total:
         has = "has available" if available else "has"
-        raise CapacityError(
-            f"{what} needs {nbytes:,} bytes on {device}, which {has} {total:,}: expected a capacity whose rows fit in "
-            "the device's memory (use LazyMemmapStorage for rows kept on disk)"
-        )
+        raise CapacityError(f"{what} needs {nbytes:,} bytes on {device}, which {has} {total:,}: expected {expected}")
 
 
 class Storage:

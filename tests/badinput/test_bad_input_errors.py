@@ -48,6 +48,8 @@ CONSTRUCTORS = {
     "tree dtype": (lambda: PrioritizedSampler(10, 0.5, 0.5, dtype=torch.int32), UnsupportedOptionError,
                    NotImplementedError),
     "tree too large": (lambda: PrioritizedSampler(2**62, 0.5, 0.5), CapacityError, ValueError),
+    "tree beyond memory": (lambda: PrioritizedSampler(2**40, 0.5, 0.5), CapacityError, ValueError),
+    "tree device": (lambda: PrioritizedSampler(10, 0.5, 0.5, device="gpu0"), InvalidDeviceError, RuntimeError),
     "buffer alpha": (lambda: PrioritizedReplayBuffer(alpha=-1, beta=0.5), InvalidArgumentError, ValueError),
     "ndim 0": (lambda: LazyTensorStorage(10, ndim=0), InvalidArgumentError, ValueError),
     "device string": (lambda: LazyTensorStorage(10, device="gpu0"), InvalidDeviceError, RuntimeError),
@@ -149,6 +151,8 @@ OPERATIONS = {
         MissingKeyError, KeyError),
     "sample 0": (tensor_buffer, lambda rb: rb.sample(0), BatchSizeError, RuntimeError),
     "sample 2.5": (tensor_buffer, lambda rb: rb.sample(2.5), BatchSizeError, RuntimeError),
+    "sample beyond memory": (tensor_buffer, lambda rb: rb.sample(2**40), BatchSizeError, RuntimeError),
+    "list sample beyond memory": (list_buffer, lambda rb: rb.sample(2**40), BatchSizeError, RuntimeError),
     "load_state_dict None": (tensor_buffer, lambda rb: rb.load_state_dict(None), StateDictError, ValueError),
     "load_state_dict {}": (tensor_buffer, lambda rb: rb.load_state_dict({}), StateDictKeyError, KeyError),
     "load_state_dict list": (list_buffer, lambda rb: rb.load_state_dict({**rb.state_dict(), "_storage": {

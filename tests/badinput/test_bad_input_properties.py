@@ -268,3 +268,84 @@ def test_hostile_input_never_changes_or_breaks_the_buffer(machine):
 def test_hostile_input_deep(machine):
     machine.TestCase.settings = DEEP
     machine.TestCase().runTest()
+
+
+# ---------------------------------------------------------------------- checkpoints edited in place
+def _leaf_paths(node, prefix=()):
+    """Key paths of the values in a parsed meta.json (not the file and array tables' internals)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaf_paths(value, prefix + (key,))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _leaf_paths(value, prefix + (i,))
+    else:
+        yield prefix
+
+
+json_values = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 40), st.integers(-2**70, 2**70),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=4), st.lists(st.integers(-2, 9), max_size=3), st.just({}),
+)
+
+
+def _edited_checkpoint_loads(make, fill, source_dir, data, tmp_root):
+    import json
+    import shutil
+
+    from gpubuf.checkpoint.format import seal_meta
+
+    shutil.copytree(source_dir, tmp_root / "c")
+    meta_path = tmp_root / "c" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    paths = [p for p in _leaf_paths(meta) if p and p[0] in ("components", "buffer")]
+    path = data.draw(st.sampled_from(paths))
+    node = meta
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = data.draw(json_values)
+    meta_path.write_text(json.dumps(seal_meta(meta)))  # sealed: the value checks themselves are exercised
+    target = make()
+    fill(target)
+    before = snapshot(target)
+    try:
+        target.loads(tmp_root / "c")
+    except GpubufError as err:
+        assert str(err)
+        assert_same(snapshot(target), before, f"the buffer after {type(err).__name__}: {err}")
+        return
+    except Exception as err:  # noqa: BLE001
+        raise AssertionError(f"a raw {type(err).__name__} escaped loads after editing {path}: {err}") from err
+    check_consistent(target)
+
+
+CHECKPOINTED = {
+    "prioritized": (
+        lambda: PrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=LazyTensorStorage(CAPACITY), batch_size=4),
+        lambda rb: (rb.extend(valid_tensor(5)), rb.update_priority(torch.arange(5), torch.arange(1.0, 6.0))),
+    ),
+    "tensordict": (
+        lambda: TensorDictReplayBuffer(storage=LazyTensorStorage(CAPACITY), batch_size=4),
+        lambda rb: rb.extend(valid_td(11)),
+    ),
+    "list": (lambda: ReplayBuffer(storage=ListStorage(CAPACITY), batch_size=2), lambda rb: rb.extend(valid_tensor(3))),
+}
+
+
+@pytest.mark.parametrize("kind", list(CHECKPOINTED))
+def test_an_edited_checkpoint_never_changes_or_breaks_the_buffer(kind, tmp_path_factory):
+    from hypothesis import given
+
+    make, fill = CHECKPOINTED[kind]
+    source = make()
+    fill(source)
+    source_dir = tmp_path_factory.mktemp("source") / "c"
+    source.dumps(source_dir)
+
+    @settings(max_examples=15, deadline=None, suppress_health_check=_HEALTH, derandomize=True, database=None)
+    @given(data=st.data())
+    def run(data):
+        _edited_checkpoint_loads(make, fill, source_dir, data, tmp_path_factory.mktemp("edit"))
+
+    run()
