@@ -22,8 +22,8 @@ from gpubuf.buffers._validate import (
 )
 from gpubuf.errors import (
     BatchSizeError,
-    ComponentTypeError,
     CapacityError,
+    ComponentTypeError,
     GpubufError,
     InvalidArgumentError,
     InvalidIndexError,
@@ -152,7 +152,9 @@ class ReplayBuffer:
             _check_batch_size(batch_size)
         if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0):
             raise InvalidArgumentError(f"prefetch must be None or an int >= 0 (batches prepared ahead), got {prefetch!r}")
-        if dim_extend is not None and (isinstance(dim_extend, bool) or not isinstance(dim_extend, int) or dim_extend < 0):
+        if dim_extend is not None and (
+            isinstance(dim_extend, bool) or not isinstance(dim_extend, int) or dim_extend < 0
+        ):
             raise InvalidArgumentError(f"dim_extend must be None or an int >= 0, got {dim_extend!r}")
         if prefetch and batch_size is None:
             raise BatchSizeError(
@@ -268,7 +270,8 @@ class ReplayBuffer:
     def _check_item(self, data: Any, method: str) -> None:
         """Refuses data no storage holds (see :func:`check_item_data`); tensor storages check
         devices themselves, with the storage's device in the message."""
-        check_item_data(data, f"{type(self).__name__}.{method}", check_meta=not isinstance(self._storage, TensorStorage))
+        own_devices = isinstance(self._storage, TensorStorage)
+        check_item_data(data, f"{type(self).__name__}.{method}", check_meta=not own_devices)
 
     def add(self, data: Any) -> int:
         """Writes one item and returns its index.

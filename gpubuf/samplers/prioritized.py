@@ -32,8 +32,8 @@ from gpubuf.ops.sumtree import (
     sumtree_update_compiled_ready,
 )
 from gpubuf.samplers.base import Sampler
-from gpubuf.storages.base import check_device, check_fits_memory
 from gpubuf.samplers.random import _check_batch_size, _unravel
+from gpubuf.storages.base import check_device, check_fits_memory
 
 __all__ = ["PrioritizedSampler"]
 
@@ -124,9 +124,13 @@ class PrioritizedSampler(Sampler):
         reproducible.
 
     Raises:
-        CapacityError: ``max_capacity`` is not a positive integer.
-        ValueError: ``alpha``, ``beta`` or ``eps`` negative or not finite; an unknown reduction.
-        NotImplementedError: a ``dtype`` other than float32 and float64 (as TorchRL).
+        CapacityError: ``max_capacity`` is not a positive integer, or its tree cannot fit in the
+            device's memory.
+        InvalidArgumentError: ``alpha``, ``beta`` or ``eps`` negative or not finite; an unknown
+            reduction (a ``ValueError``, as TorchRL).
+        UnsupportedOptionError: a ``dtype`` other than float32 and float64 (a
+            ``NotImplementedError``, as TorchRL).
+        InvalidDeviceError: a malformed ``device``, or a CUDA device without CUDA.
     """
 
     _STATE_SCHEMA_VERSION: int = 1
