@@ -45,6 +45,7 @@ __all__ = [
     "MissingKeyError",
     "StateDictError",
     "StateDictKeyError",
+    "WritePositionError",
 ]
 
 
@@ -189,6 +190,12 @@ class InvalidIndexError(GpubufError, IndexError, TypeError):
     differs from the buffer's, or an index of another kind than int, slice, sequence or tensor of
     ints. An ``IndexError`` (torch raises it for a float index) and a ``TypeError`` (TorchRL's
     priority update raises it for indices that are not ints)."""
+
+
+class WritePositionError(IndexOutOfRangeError, RuntimeError):
+    """A write at a position a list-like storage cannot take: more than one item past its end, past
+    its capacity, or (``rb[i] = item``) past the items it holds. Also a ``RuntimeError``, as
+    TorchRL raises."""
 
 
 class InvalidSliceError(InvalidIndexError, ValueError):

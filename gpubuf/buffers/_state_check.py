@@ -19,6 +19,7 @@ import torch
 from gpubuf.errors import StateDictError, StateDictKeyError
 from gpubuf.samplers.prioritized import PrioritizedSampler
 from gpubuf.storages._layout import is_tensor_collection
+from gpubuf.storages.compressed import CompressedListStorage
 from gpubuf.storages.list import ListStorage
 from gpubuf.storages.memmap import LazyMemmapStorage
 from gpubuf.storages.tensor import TensorStorage
@@ -150,6 +151,10 @@ def _check_storage(buffer: Any, state: Any) -> _Rows:
         if len(items) > storage.max_size:
             raise StateDictError(f"{where}: {len(items)} items for a capacity of {storage.max_size}")
         return _Rows(len(items), storage.max_size)
+    if loader is CompressedListStorage.load_state_dict:
+        items = state.get("_storage")
+        if isinstance(items, (list, tuple)):
+            return _Rows(len(items), storage.max_size)  # the storage checks the rest itself
     # A storage of another kind (stacked, packed, encoded, ensembles) checks its own state.
     return _Rows(None, None)
 

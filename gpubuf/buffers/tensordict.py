@@ -87,6 +87,14 @@ class TensorDictReplayBuffer(ReplayBuffer):
             self.update_tensordict_priority(data)
         return index
 
+    def __setitem__(self, index: Any, value: Any) -> None:
+        """``rb[index] = value``: a TensorDict (or tensorclass), as every item of this buffer."""
+        if value is not None and not is_tensor_collection(value):
+            raise UnsupportedDataError(
+                f"{type(self).__name__} holds TensorDicts, got {type(value).__name__}: expected a TensorDict"
+            )
+        super().__setitem__(index, value)
+
     def _check_item_priority(self, data: TensorDictBase) -> None:
         """Refuses, before anything is written, a ``priority_key`` entry the sampler would refuse
         after the rows were written (host values only; see ``Sampler._check_priority``)."""

@@ -311,3 +311,26 @@ def test_extend_with_a_list_of_items_on_a_tensor_storage():
     rb.extend([torch.full((3,), float(i)) for i in range(2)])
     rb.extend([torch.full((3,), float(i)) for i in range(5)])
     assert len(rb) == 7 and rb[:, 0].tolist() == [0, 1, 0, 1, 2, 3, 4]
+
+
+# ---------------------------------------------------------------------- list-like storages write all or nothing
+def test_compressed_list_storage_refuses_a_write_past_the_end_whole():
+    from gpubuf import CompressedListStorage
+    from gpubuf.errors import WritePositionError
+
+    rb = ReplayBuffer(storage=CompressedListStorage(8))
+    rb.extend(torch.arange(6.0).reshape(3, 2))
+    refused(rb, lambda: rb.__setitem__([1, 5], torch.ones(2, 2)), RuntimeError, WritePositionError)
+    refused(rb, lambda: rb.__setitem__([0, 1], torch.ones(3, 2)), ValueError, SchemaMismatchError)
+    rb[[0, 2]] = torch.full((2, 2), 9.0)
+    assert rb[:].tolist() == [[9.0, 9.0], [2.0, 3.0], [9.0, 9.0]]
+    check_consistent(rb)
+
+
+def test_tensordict_buffer_setitem_of_a_plain_tensor_is_refused():
+    from gpubuf import LazyStackStorage
+    from gpubuf.errors import UnsupportedDataError
+
+    rb = TensorDictReplayBuffer(storage=LazyStackStorage(8))
+    rb.extend(TensorDict({"a": torch.arange(3.0)}, [3]))
+    refused(rb, lambda: rb.__setitem__(0, torch.ones(2)), TypeError, UnsupportedDataError)

@@ -21,6 +21,7 @@ from tensordict import TensorDict
 
 from gpubuf import (
     LazyMemmapStorage,
+    LazyStackStorage,
     LazyTensorStorage,
     ListStorage,
     PrioritizedReplayBuffer,
@@ -228,6 +229,18 @@ class WithoutReplacementBuffer(HostileUser):
         return ReplayBuffer(storage=LazyTensorStorage(CAPACITY), sampler=SamplerWithoutReplacement())
 
 
+class PrioritizedListBuffer(HostileUser):
+    def make(self):
+        return PrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=ListStorage(CAPACITY))
+
+
+class StackBuffer(HostileUser):
+    kind = "td"
+
+    def make(self):
+        return TensorDictReplayBuffer(storage=LazyStackStorage(CAPACITY))
+
+
 class TensorDictBuffer(HostileUser):
     kind = "td"
 
@@ -248,8 +261,8 @@ class MemmapBuffer(HostileUser):
 
 
 MACHINES = [
-    TensorBuffer, ListBuffer, PrioritizedBuffer, WithoutReplacementBuffer, TensorDictBuffer,
-    TensorDictPrioritizedBuffer, MemmapBuffer,
+    TensorBuffer, ListBuffer, PrioritizedBuffer, PrioritizedListBuffer, WithoutReplacementBuffer, TensorDictBuffer,
+    TensorDictPrioritizedBuffer, StackBuffer, MemmapBuffer,
 ]
 _HEALTH = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]
 FAST = settings(max_examples=25, stateful_step_count=15, deadline=None, suppress_health_check=_HEALTH,
