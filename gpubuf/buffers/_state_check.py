@@ -22,6 +22,7 @@ from gpubuf.storages._layout import is_tensor_collection
 from gpubuf.storages.compressed import CompressedListStorage
 from gpubuf.storages.list import ListStorage
 from gpubuf.storages.memmap import LazyMemmapStorage
+from gpubuf.storages.stack import LazyStackStorage
 from gpubuf.storages.tensor import TensorStorage
 from gpubuf.writers import RoundRobinWriter
 
@@ -151,7 +152,7 @@ def _check_storage(buffer: Any, state: Any) -> _Rows:
         if len(items) > storage.max_size:
             raise StateDictError(f"{where}: {len(items)} items for a capacity of {storage.max_size}")
         return _Rows(len(items), storage.max_size)
-    if loader is CompressedListStorage.load_state_dict:
+    if loader in (CompressedListStorage.load_state_dict, LazyStackStorage.load_state_dict):
         items = state.get("_storage")
         if isinstance(items, (list, tuple)):
             return _Rows(len(items), storage.max_size)  # the storage checks the rest itself
