@@ -21,7 +21,6 @@ from tensordict import TensorDict
 
 from gpubuf import (
     LazyMemmapStorage,
-    LazyStackStorage,
     LazyTensorStorage,
     ListStorage,
     PrioritizedReplayBuffer,
@@ -234,13 +233,6 @@ class PrioritizedListBuffer(HostileUser):
         return PrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=ListStorage(CAPACITY))
 
 
-class StackBuffer(HostileUser):
-    kind = "td"
-
-    def make(self):
-        return TensorDictReplayBuffer(storage=LazyStackStorage(CAPACITY))
-
-
 class TensorDictBuffer(HostileUser):
     kind = "td"
 
@@ -262,12 +254,12 @@ class MemmapBuffer(HostileUser):
 
 MACHINES = [
     TensorBuffer, ListBuffer, PrioritizedBuffer, PrioritizedListBuffer, WithoutReplacementBuffer, TensorDictBuffer,
-    TensorDictPrioritizedBuffer, StackBuffer, MemmapBuffer,
+    TensorDictPrioritizedBuffer, MemmapBuffer,
 ]
 _HEALTH = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]
 FAST = settings(max_examples=25, stateful_step_count=15, deadline=None, suppress_health_check=_HEALTH,
                 derandomize=True, database=None)
-DEEP = settings(max_examples=150, stateful_step_count=30, deadline=None, suppress_health_check=_HEALTH)
+DEEP = settings(max_examples=150, stateful_step_count=30, deadline=None, suppress_health_check=_HEALTH, database=None)
 
 
 @pytest.mark.parametrize("machine", MACHINES, ids=lambda m: m.__name__)
