@@ -41,6 +41,16 @@ __all__ = [
     "TrajectoryLengthError",
     "ShardUnavailableError",
     "RateLimitTimeoutError",
+    "InvalidArgumentError",
+    "UnsupportedOptionError",
+    "InvalidDeviceError",
+    "ComponentTypeError",
+    "InvalidIndexError",
+    "InvalidSliceError",
+    "MissingKeyError",
+    "StateDictError",
+    "StateDictKeyError",
+    "WritePositionError",
 ]
 
 
@@ -77,7 +87,8 @@ class BatchSizeError(GpubufError, RuntimeError):
 
 
 class CapacityError(GpubufError, ValueError):
-    """A capacity (``max_size``) that is not a positive integer."""
+    """A capacity (``max_size``) that is not a positive integer, that overflows int64, or whose
+    allocation cannot fit in the memory of its device."""
 
 
 class IndexOutOfRangeError(GpubufError, IndexError):
@@ -209,3 +220,62 @@ class RateLimitTimeoutError(GpubufError, TimeoutError):
 
     Nothing was written or sampled: the call can be retried.
     """
+
+
+# ------------------------------------------------------------------ arguments, indices, state
+class InvalidArgumentError(GpubufError, ValueError):
+    """A constructor or method argument outside its accepted range (an exponent that is negative
+    or not finite, an unknown reduction, ``ndim < 1``, ``dim_extend`` past the data's dims,
+    ``prefetch < 0``). A ``ValueError``, as TorchRL raises."""
+
+
+class UnsupportedOptionError(GpubufError, NotImplementedError):
+    """An option TorchRL does not implement either (a priority ``dtype`` other than float32 and
+    float64). A ``NotImplementedError``, as TorchRL raises."""
+
+
+class InvalidDeviceError(DeviceMismatchError, RuntimeError):
+    """A device that does not exist here: a malformed device string (``"gpu0"``) or a CUDA device
+    without CUDA. Also a ``RuntimeError``, which torch raises for a malformed device string."""
+
+
+class ComponentTypeError(GpubufError, TypeError):
+    """A component (storage, sampler, writer) or argument of the wrong type."""
+
+
+class InvalidIndexError(GpubufError, IndexError, TypeError):
+    """An index that does not address items: a float, a float tensor, a boolean mask whose length
+    differs from the buffer's, or an index of another kind than int, slice, sequence or tensor of
+    ints. An ``IndexError`` (torch raises it for a float index) and a ``TypeError`` (TorchRL's
+    priority update raises it for indices that are not ints)."""
+
+
+class WritePositionError(IndexOutOfRangeError, RuntimeError):
+    """A write at a position a list-like storage cannot take: more than one item past its end, past
+    its capacity, or (``rb[i] = item``) past the items it holds. Also a ``RuntimeError``, as
+    TorchRL raises."""
+
+
+class InvalidSliceError(InvalidIndexError, ValueError):
+    """A slice with a zero or negative step. Also a ``ValueError``, as torch raises."""
+
+
+class MissingKeyError(SchemaMismatchError, KeyError):
+    """A key the stored items do not have (``rb["nope"]``, ``update_tensordict_priority`` of a
+    TensorDict without ``"index"``). Also a ``KeyError``, as TensorDict raises."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class StateDictError(GpubufError, ValueError):
+    """A state dict (``load_state_dict``) that does not fit the buffer or component it is loaded
+    into: a value of the wrong type or out of range, a capacity, layout or buffer kind that
+    differs, or components that disagree with each other. Nothing is loaded."""
+
+
+class StateDictKeyError(StateDictError, KeyError):
+    """A state dict that lacks a key (also a ``KeyError``, as TorchRL raises). Nothing is loaded."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""

@@ -6,6 +6,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, NamedTuple
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase, is_tensorclass
 
@@ -14,12 +15,30 @@ from gpubuf import staging
 from gpubuf.buffers._torchrl_api import BufferExtras, DelayedInitMeta
 from gpubuf.buffers._transforms import TransformChain
 from gpubuf.buffers.sample_units import SampleUnit
-from gpubuf.errors import BatchSizeError, DeviceMismatchError
 from gpubuf.ops._dispatch import check_backend
+from gpubuf.buffers._state_check import check_buffer_state
+from gpubuf.buffers._validate import (
+    check_dim_extend,
+    check_item_data,
+    check_priority_index,
+    check_priority_values,
+    check_read_index,
+)
+from gpubuf.errors import (
+    BatchSizeError,
+    CapacityError,
+    DeviceMismatchError,
+    ComponentTypeError,
+    GpubufError,
+    InvalidArgumentError,
+    InvalidIndexError,
+    MissingKeyError,
+    StateDictError,
+)
 from gpubuf.samplers.base import Sampler
 from gpubuf.samplers.random import RandomSampler, _check_batch_size
 from gpubuf.storages._layout import expand_as_batch, is_tensor_collection
-from gpubuf.storages.base import Storage
+from gpubuf.storages.base import Storage, check_device, check_fits_memory
 from gpubuf.storages.list import ListStorage
 from gpubuf.storages.items import is_int
 from gpubuf.writers import RoundRobinWriter, Writer
@@ -56,7 +75,9 @@ def _make(component: Any, default: Callable[[], Any], base: type, what: str) -> 
         component = component()
         if isinstance(component, base):
             return component
-    raise TypeError(f"{what} must be a {base.__name__} or a callable returning one, got {type(component).__name__}")
+    raise ComponentTypeError(
+        f"{what} must be a {base.__name__} or a callable returning one, got {type(component).__name__}"
+    )
 
 
 class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
@@ -156,6 +177,12 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         )
         if batch_size is not None:
             _check_batch_size(batch_size)
+        if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0):
+            raise InvalidArgumentError(f"prefetch must be None or an int >= 0 (batches prepared ahead), got {prefetch!r}")
+        if dim_extend is not None and (
+            isinstance(dim_extend, bool) or not isinstance(dim_extend, int) or dim_extend < 0
+        ):
+            raise InvalidArgumentError(f"dim_extend must be None or an int >= 0, got {dim_extend!r}")
         if prefetch and batch_size is None:
             raise BatchSizeError(
                 "prefetch needs a batch_size given to the constructor: batches are prepared ahead of sample()"
@@ -183,8 +210,6 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
                 self._transform = transform
             else:
                 self._transform.append(transform)
-        if dim_extend is not None and dim_extend < 0:
-            raise ValueError(f"dim_extend must be >= 0, got {dim_extend}")
         self._dim_extend = self._storage.ndim - 1 if dim_extend is None else dim_extend
         self._lock = threading.RLock()
         self._batch_device = _as_batch_device(batch_device)
@@ -202,6 +227,8 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
     _checkpoint_io: tuple[Callable[[Any, Any], None], Callable[[Any, Any], None]] | None = None
     # TensorDict buffers report each drawn row's slot generation (info["index_generation"]).
     _reports_generations = False
+    #: Whether the buffer holds TensorDicts (or tensorclasses) only: a state of plain tensors is refused.
+    _tensordict_items = False
 
     # ------------------------------------------------------------------ components
     @property
@@ -289,6 +316,12 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
             return data.transpose(self._dim_extend, 0)
         return torch.utils._pytree.tree_map(lambda x: x.transpose(self._dim_extend, 0), data)
 
+    def _check_item(self, data: Any, method: str) -> None:
+        """Refuses data no storage holds (see :func:`check_item_data`); tensor storages check
+        devices themselves, with the storage's device in the message."""
+        own_devices = isinstance(self._storage, TensorStorage)
+        check_item_data(data, f"{type(self).__name__}.{method}", check_meta=not own_devices)
+
     def add(self, data: Any) -> int:
         """Writes one item and returns its index.
 
@@ -298,7 +331,9 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         """
         if len(self._transform):
             data = self._transform.inv(data)
+        self._check_item(data, "add")
         with self._lock:
+            self._sampler._check_new_items()
             self._invalidate_prefetch()
             index = self._write_consumed(data, batched=False)
             if index is None:
@@ -331,7 +366,10 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         return self._extend(data)
 
     def _extend(self, data: Any) -> torch.Tensor:
+        self._check_item(data, "extend")
+        check_dim_extend(self._dim_extend, data)
         with self._lock:
+            self._sampler._check_new_items()
             self._invalidate_prefetch()
             data = self._transpose(data)
             index = self._write_consumed(data, batched=True)
@@ -341,10 +379,20 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         return index
 
     def update_priority(self, index: Any, priority: Any) -> None:
-        """Sets the priorities of items (prioritized samplers; a no-op for the others)."""
+        """Sets the priorities of items (prioritized samplers; a no-op for the others).
+
+        Raises:
+            InvalidIndexError: indices that are not ints.
+            PriorityError: priorities that are not numbers, or that the sampler refuses.
+            In every case no priority changes.
+        """
+        check_priority_index(index)
+        check_priority_values(priority)
         if isinstance(index, tuple):
-            index = torch.stack(index, -1)
-        priority = torch.as_tensor(priority)
+            index = torch.stack([torch.as_tensor(part).reshape(-1) for part in index], -1) if index else index
+        if not isinstance(priority, torch.Tensor):
+            # Python and numpy numbers as float64 (an int past int64 is still a number).
+            priority = torch.as_tensor(np.asarray(priority, dtype=np.float64))
         if self._dim_extend > 0 and priority.ndim > 1:
             priority = self._transpose(priority).flatten()
         with self._lock:
@@ -558,7 +606,38 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
                 "batch_size not specified: pass it to the constructor (ReplayBuffer(batch_size=...)) or to "
                 "sample(batch_size)"
             )
-        return _check_batch_size(batch_size)
+        batch_size = _check_batch_size(batch_size)
+        self._check_batch_fits(batch_size)
+        return batch_size
+
+    def _check_batch_fits(self, batch_size: int) -> None:
+        """Refuses a batch whose indices and rows cannot fit in memory, before anything is drawn."""
+        if batch_size < _SMALL_BATCH:
+            return
+        storage = self._storage
+        layout = storage.layout
+        checked = self.__dict__.get("_batch_checked")
+        if checked is not None and checked[0] is storage and checked[1] is layout and batch_size <= checked[2]:
+            return  # a batch this large was checked already for these rows
+        if layout is not None:
+            row_bytes = sum(spec.row_bytes for spec in layout.leaves)
+        else:
+            # Items of a list storage: a reference, and the first item's bytes when it is a tensor.
+            first = storage._storage[0] if isinstance(storage, ListStorage) and len(storage) else None
+            row_bytes = 64 + (first.nbytes if isinstance(first, torch.Tensor) else 0)
+        device = getattr(storage, "device", None)
+        device = device if isinstance(device, torch.device) else torch.device("cpu")
+        try:
+            check_fits_memory(
+                batch_size * (8 + row_bytes),
+                device,
+                f"a batch of {batch_size:,} items",
+                available=True,
+                expected="a batch_size whose batch fits in the memory available",
+            )
+        except CapacityError as err:
+            raise BatchSizeError(str(err)) from None
+        self._batch_checked = (storage, layout, batch_size)
 
     def sample(self, batch_size: int | None = None, return_info: bool = False) -> Any:
         """Samples a batch.
@@ -628,7 +707,20 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
     def __getitem__(self, index: Any) -> Any:
         """Reads items by index (int, slice, tensor, list), or a whole field by key (``rb["obs"]``)."""
         if isinstance(index, str) or (isinstance(index, tuple) and index and all(isinstance(i, str) for i in index)):
-            return self[:][index]
+            return self._field(index)
+        check_read_index(index, len(self))
+        try:
+            return self._getitem(index)
+        except GpubufError:
+            raise
+        except (IndexError, TypeError, ValueError, RuntimeError) as err:
+            # A read changes nothing: whatever torch refuses in an index is the index's fault.
+            raise InvalidIndexError(
+                f"index {_describe(index)} cannot address this buffer's items ({type(err).__name__}: {err}); "
+                "expected an int, a slice with a positive step, a sequence or tensor of ints, or a boolean mask"
+            ) from None
+
+    def _getitem(self, index: Any) -> Any:
         with self._lock:
             if self._dim_extend > 0:
                 # As in TorchRL: the index runs along the dim the data was extended along, and the
@@ -649,9 +741,25 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         self._writer._check_writable()
         if len(self._transform):
             value = self._transform.inv(value)
+        check_read_index(index, len(self))
+        self._check_item(value, "__setitem__")
         with self._lock:
             self._invalidate_prefetch()
             self._storage.set(index, value, set_cursor=False)
+
+    def _field(self, key: Any) -> Any:
+        """``rb["obs"]``: one field of every item, or :class:`MissingKeyError` when items have no such key."""
+        data = self[:]
+        if not is_tensor_collection(data):
+            raise MissingKeyError(
+                f"key {key!r}: this buffer holds {type(data).__name__} items, which have no keys (expected an int, "
+                "slice or index tensor)"
+            )
+        td = data._tensordict if not isinstance(data, TensorDictBase) else data
+        keys = list(td.keys(True))
+        if key not in keys and not (isinstance(key, tuple) and len(key) == 1 and key[0] in keys):
+            raise MissingKeyError(f"key {key!r} not found: the items have keys {sorted(map(str, keys))}")
+        return data[key]
 
     def __iter__(self):
         """Yields batches of ``batch_size`` until the sampler runs out (never, for random samplers)."""
@@ -687,18 +795,38 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._invalidate_prefetch()
-        self._storage.load_state_dict(state_dict["_storage"])
-        self._sampler.load_state_dict(state_dict["_sampler"])
-        self._writer.load_state_dict(state_dict["_writer"])
-        self._transform.load_state_dict(state_dict.get("_transforms", {}))
-        self._batch_size = state_dict["_batch_size"]
-        rng = state_dict.get("_rng")
-        if rng is not None:
-            state, device = rng
-            generator = torch.Generator(device=device)
-            generator.set_state(state)
-            self.set_rng(generator)
+        """Restores a :meth:`state_dict`, all or nothing.
+
+        The state is checked whole first (keys, types, ranges, capacity, the kind of items,
+        cursor and priorities against the storage's rows; see
+        :mod:`gpubuf.buffers._state_check`). The components then load, the storage last; if a
+        component still refuses its part, the sampler, writer and transforms get their previous
+        state back, so the buffer is as it was.
+
+        Raises:
+            StateDictKeyError: a key is missing.
+            StateDictError: any other part that does not fit this buffer.
+            Storage errors (``StorageMismatchError``, ``DiskFullError``) of a memory-mapped storage.
+        """
+        checked = check_buffer_state(self, state_dict)
+        with self._lock:
+            self._invalidate_prefetch()
+            previous = (self._sampler.state_dict(), self._writer.state_dict(), self._transform.state_dict())
+            try:
+                self._sampler.load_state_dict(state_dict["_sampler"])
+                self._writer.load_state_dict(state_dict["_writer"])
+                self._transform.load_state_dict(state_dict.get("_transforms") or {})
+                self._storage.load_state_dict(state_dict["_storage"])
+            except Exception as err:
+                self._sampler.load_state_dict(previous[0])
+                self._writer.load_state_dict(previous[1])
+                self._transform.load_state_dict(previous[2])
+                if isinstance(err, GpubufError):
+                    raise
+                raise StateDictError(f"the state dict does not fit this buffer: {type(err).__name__}: {err}") from err
+            self._batch_size = state_dict["_batch_size"]
+            if checked.generator is not None:
+                self.set_rng(checked.generator)
 
     def dumps(self, path: Any) -> None:
         """Writes a pickle-free, crash-safe checkpoint of the whole buffer to directory ``path``."""
@@ -758,6 +886,14 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         )
 
 
+def _describe(value: Any) -> str:
+    """A short description of an index for an error message (never a whole tensor)."""
+    if isinstance(value, torch.Tensor):
+        return f"tensor({value.dtype}, shape={list(value.shape)})"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _to(value: Any, device: torch.device) -> Any:
     if isinstance(value, torch.Tensor):
         return value.to(device)
@@ -778,6 +914,10 @@ class _Route(NamedTuple):
     target: torch.device | None
     transfer: Any
 
+
+#: Batches below this many items are not checked against the memory available (reading it costs
+#: a file read; such a batch cannot exhaust memory unless its items are huge).
+_SMALL_BATCH = 1 << 16
 
 #: The key under which a TensorDict batch carries the drawn indices.
 _INDEX_KEY = ("index",)
@@ -800,10 +940,8 @@ def _as_batch_device(device: Any) -> torch.device | None:
     """Validates a ``batch_device`` argument; ``"cuda"`` gets the current device's ordinal."""
     if device is None:
         return None
-    device = torch.device(device)
+    device = check_device(device, "batch_device")
     if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise DeviceMismatchError(f"batch_device={device} was asked for, but CUDA is not available here")
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
     return device

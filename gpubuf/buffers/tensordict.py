@@ -8,8 +8,8 @@ import torch
 from tensordict import TensorDictBase, is_tensorclass
 
 from gpubuf.buffers.base import _INDEX_KEY, ReplayBuffer, _info_entries
-from gpubuf.storages._layout import expand_as_batch
-from gpubuf.errors import UnsupportedDataError
+from gpubuf.storages._layout import expand_as_batch, is_tensor_collection
+from gpubuf.errors import MissingKeyError, UnsupportedDataError
 from gpubuf.samplers.base import Sampler
 from gpubuf.writers import TensorDictRoundRobinWriter
 
@@ -30,6 +30,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
 
     _default_writer = TensorDictRoundRobinWriter
     _reports_generations = True
+    _tensordict_items = True
 
     def __init__(self, *, priority_key: str = "td_error", **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -57,6 +58,8 @@ class TensorDictReplayBuffer(ReplayBuffer):
             tensordicts = tensordicts.copy()
         if tensordicts is None:
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
+        if update_priority is None or update_priority:
+            self._check_item_priority(tensordicts)
         index = self._extend(tensordicts)
         if update_priority is None or update_priority:
             priority = tensordicts.get(self.priority_key, None)
@@ -67,13 +70,39 @@ class TensorDictReplayBuffer(ReplayBuffer):
     def add(self, data: TensorDictBase) -> int:
         if len(self._transform):
             data = self._transform.inv(data)
+        self._check_item(data, "add")
+        if not is_tensor_collection(data):
+            raise UnsupportedDataError(
+                f"{type(self).__name__}.add takes a TensorDict or tensorclass, got {type(data).__name__}; use "
+                "ReplayBuffer for other data"
+            )
+        if isinstance(data, TensorDictBase):
+            self._check_item_priority(data)
         with self._lock:
+            self._sampler._check_new_items()
             self._invalidate_prefetch()
             index = self._writer.add(data)
             self._sampler.add(index)
         if isinstance(data, TensorDictBase):
             self.update_tensordict_priority(data)
         return index
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        """``rb[index] = value``: a TensorDict (or tensorclass), as every item of this buffer."""
+        if value is not None and not is_tensor_collection(value):
+            raise UnsupportedDataError(
+                f"{type(self).__name__} holds TensorDicts, got {type(value).__name__}: expected a TensorDict"
+            )
+        super().__setitem__(index, value)
+
+    def _check_item_priority(self, data: TensorDictBase) -> None:
+        """Refuses, before anything is written, a ``priority_key`` entry the sampler would refuse
+        after the rows were written (host values only; see ``Sampler._check_priority``)."""
+        if type(self._sampler).update_priority is Sampler.update_priority:
+            return
+        priority = data.get(self.priority_key, None)
+        if isinstance(priority, torch.Tensor):
+            self._sampler._check_priority(priority)
 
     def _reduce_priority(self, priority: torch.Tensor, data: TensorDictBase) -> torch.Tensor:
         """One priority per item: reduces any per-item trailing dims with the sampler's reduction."""
@@ -107,7 +136,12 @@ class TensorDictReplayBuffer(ReplayBuffer):
             priority = torch.full(data.batch_size[:1] or (), self._sampler.default_priority, dtype=torch.float)
         else:
             priority = self._reduce_priority(priority, data) if data.ndim else priority.reshape(-1).amax()
-        index = data.get("index")
+        index = data.get("index", None)
+        if index is None:
+            raise MissingKeyError(
+                f"update_tensordict_priority needs the items' \"index\" entry, which this TensorDict lacks (keys: "
+                f"{sorted(map(str, data.keys()))}): pass a TensorDict that was sampled from or written to the buffer"
+            )
         if self._storage.ndim > 1 and index.ndim == 2:
             index = index.unbind(-1)
         else:

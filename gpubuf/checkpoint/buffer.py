@@ -26,6 +26,8 @@ from gpubuf.checkpoint.arrays import ArraySet, parse_tables, read_arrays
 from gpubuf.checkpoint.codecs import Codec, Context, H5Array, LiveFile, codec_for, is_memmap, storage_codec
 from gpubuf.checkpoint.errors import (
     CheckpointCorruptError,
+    CheckpointIOError,
+    CheckpointPathError,
     CheckpointError,
     CheckpointMismatchError,
     CheckpointVersionError,
@@ -37,6 +39,7 @@ from gpubuf.checkpoint.format import (
     FORMAT_NAME,
     FORMAT_VERSION,
     META_FILE,
+    check_digest,
     check_header,
     check_host,
     is_inside,
@@ -44,8 +47,10 @@ from gpubuf.checkpoint.format import (
     require,
     require_int,
     scan_directory,
+    seal_meta,
 )
 from gpubuf.checkpoint.values import Decoder, Encoder, class_path
+from gpubuf.errors import GpubufError
 
 SLOTS = ("storage", "sampler", "writer")
 
@@ -72,18 +77,29 @@ def dump_buffer(buffer: Any, path: Any) -> None:
         # has seen: they are dropped and their draws undone, so that the checkpoint holds the
         # state right after the last batch returned. They are drawn again, identically.
         invalidate()
+    final = _as_path(path)
     components = {
         "storage": (buffer._storage, storage_codec(buffer._storage)),
         "sampler": (buffer._sampler, codec_for(buffer._sampler)),
         "writer": (buffer._writer, codec_for(buffer._writer)),
     }
-    _dump(Path(path).absolute(), components, Context(buffer=buffer), buffer)
+    _dump(final, components, Context(buffer=buffer), buffer)
 
 
 def dump_storage(storage: Any, path: Any, *, checkpointer: Codec | None = None) -> None:
     """Writes a checkpoint holding ``storage`` alone to the directory ``path`` (see :func:`dump_buffer`)."""
     codec = checkpointer if checkpointer is not None else storage_codec(storage)
-    _dump(Path(path).absolute(), {"storage": (storage, codec)}, Context(), None)
+    _dump(_as_path(path), {"storage": (storage, codec)}, Context(), None)
+
+
+def _as_path(path: Any) -> Path:
+    """``path`` as an absolute ``Path``, or :class:`CheckpointPathError` when it is not a path."""
+    try:
+        return Path(path).absolute()
+    except TypeError:
+        raise CheckpointPathError(
+            f"a checkpoint path must be a str or os.PathLike, got {type(path).__name__}"
+        ) from None
 
 
 def _check_target(final: Path) -> None:
@@ -108,6 +124,18 @@ def _check_target(final: Path) -> None:
 
 
 def _dump(final: Path, components: dict, context: Context, buffer: Any) -> None:
+    try:
+        _dump_checked(final, components, context, buffer)
+    except OSError as err:
+        if isinstance(err, GpubufError):
+            raise
+        raise CheckpointIOError(
+            err.errno, f"cannot write a checkpoint at {final}: {err.strerror or err} (expected a path whose parent is a "
+            "writable directory)", err.filename
+        ) from err
+
+
+def _dump_checked(final: Path, components: dict, context: Context, buffer: Any) -> None:
     check_host()
     atomic.recover(final)
     if final.is_dir():
@@ -275,7 +303,7 @@ def _buffer_meta(buffer: Any, arrays: ArraySet) -> dict:
 
 def _meta_text(meta: dict) -> str:
     try:
-        return json.dumps(meta, allow_nan=False, separators=(",", ":"))
+        return json.dumps(seal_meta(meta), allow_nan=False, separators=(",", ":"))
     except ValueError as err:
         raise UnserializableDataError(f"a codec produced a state that is not strict JSON: {err}") from err
 
@@ -303,11 +331,12 @@ def load_buffer(buffer: Any, path: Any) -> None:
         UnsafeCheckpointError: a symlink leading outside, a pickle file, any unlisted file.
         CheckpointMismatchError: the checkpoint's components or capacity differ from the buffer's.
     """
-    final = Path(path).absolute()
-    meta, arrays, context = _read(final, buffer, copies_storage=is_memmap(buffer._storage))
+    final = _as_path(path)
+    meta, arrays, context = _read_typed(final, buffer, copies_storage=is_memmap(buffer._storage))
     if meta.get("kind") != "buffer":
         raise CheckpointMismatchError(f"{final} holds a {meta.get('kind')!r} checkpoint, not a buffer's")
     components = require(meta, "components", dict, "meta.json")
+    _check_item_kind(buffer, components)
     targets = {
         "storage": (buffer._storage, storage_codec(buffer._storage)),
         "sampler": (buffer._sampler, codec_for(buffer._sampler)),
@@ -324,13 +353,39 @@ def load_buffer(buffer: Any, path: Any) -> None:
     finish()
 
 
+def _check_item_kind(buffer: Any, components: dict) -> None:
+    """Refuses the checkpoint of a buffer of plain items for a buffer of TensorDicts (whose
+    sampling would then fail): the stored layout's kind must be a TensorDict's."""
+    if not buffer._tensordict_items:
+        return
+    storage = components.get("storage")
+    state = storage.get("state") if isinstance(storage, dict) else None
+    layout = state.get("layout") if isinstance(state, dict) else None
+    kind = layout.get("kind") if isinstance(layout, dict) else None
+    if kind is not None and kind != "tensordict":
+        raise CheckpointMismatchError(
+            f"the checkpoint's storage holds {kind} items, and a {type(buffer).__name__} holds TensorDicts: load it "
+            "into a buffer of the kind that wrote it"
+        )
+
+
 def load_storage(storage: Any, path: Any, *, checkpointer: Codec | None = None) -> None:
     """Restores ``storage`` from a storage (or buffer) checkpoint; see :func:`load_buffer`."""
-    final = Path(path).absolute()
-    meta, arrays, context = _read(final, None, copies_storage=is_memmap(storage))
+    final = _as_path(path)
+    meta, arrays, context = _read_typed(final, None, copies_storage=is_memmap(storage))
     codec = checkpointer if checkpointer is not None else storage_codec(storage)
     apply = _prepare("storage", require(meta, "components", dict, "meta.json"), arrays, (storage, codec), context)
     apply()
+
+
+def _read_typed(final: Path, buffer: Any, *, copies_storage: bool = False) -> tuple[dict, dict, Context]:
+    """:func:`_read`, with the file system's own errors as :class:`CheckpointIOError`."""
+    try:
+        return _read(final, buffer, copies_storage=copies_storage)
+    except OSError as err:
+        if isinstance(err, GpubufError):
+            raise
+        raise CheckpointIOError(err.errno, f"cannot read the checkpoint at {final}: {err.strerror or err}", err.filename) from err
 
 
 def _read(final: Path, buffer: Any, *, copies_storage: bool = False) -> tuple[dict, dict, Context]:
@@ -356,6 +411,7 @@ def _read(final: Path, buffer: Any, *, copies_storage: bool = False) -> tuple[di
             f"{final} is not a checkpoint: it has no {META_FILE} (a foreign directory, or one whose dump did not complete)"
         )
     meta = check_header(read_json(final / META_FILE, "meta.json"), final)
+    check_digest(meta, final)
     files, specs = parse_tables(meta)
     scan_directory(final, files)
     arrays = read_arrays(final, files, specs, mapped="storage/" if copies_storage else None)

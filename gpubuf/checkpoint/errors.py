@@ -19,6 +19,8 @@ __all__ = [
     "CheckpointMismatchError",
     "UnserializableDataError",
     "CheckpointWarning",
+    "CheckpointPathError",
+    "CheckpointIOError",
 ]
 
 
@@ -58,6 +60,16 @@ class UnserializableDataError(CheckpointError, UnsupportedDataError):
     """The buffer holds an object that cannot be written without pickle (e.g. an instance of an
     arbitrary class in a ``ListStorage``). Also a ``TypeError``, as TorchRL raises for data it
     cannot store."""
+
+
+class CheckpointPathError(CheckpointError, TypeError):
+    """A checkpoint path that is not a path (``None``, a number): also a ``TypeError``, as
+    ``os.fspath`` raises."""
+
+
+class CheckpointIOError(CheckpointError, OSError):
+    """The file system refused a checkpoint's files: a path under a regular file, no permission,
+    no space. Also an ``OSError``; the previous checkpoint at the path (if any) is intact."""
 
 
 class CheckpointWarning(UserWarning):

@@ -32,6 +32,7 @@ checkpoint is ever executed or unpickled, so a tampered checkpoint can at worst 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -286,6 +287,47 @@ def check_header(meta: Any, path: Path) -> dict:
     for key in ("components", "files", "arrays"):
         require(meta, key, dict, "meta.json")
     return meta
+
+
+#: The key of ``meta.json`` that holds the SHA-256 of the rest of it (see :func:`seal_meta`).
+DIGEST_KEY = "digest"
+
+
+def meta_digest(meta: dict) -> str:
+    """The SHA-256 (hex) of ``meta`` without its digest, over its canonical JSON (sorted keys)."""
+    body = {key: value for key, value in meta.items() if key != DIGEST_KEY}
+    text = json.dumps(body, allow_nan=False, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def seal_meta(meta: dict) -> dict:
+    """``meta`` with its digest: an edit of any value (an exponent, a batch size) is caught on load."""
+    return {**meta, DIGEST_KEY: meta_digest(meta)}
+
+
+def check_digest(meta: dict, path: Path) -> None:
+    """Checks the digest of a parsed ``meta.json``, when it has one.
+
+    The array files carry checksums of their own; the digest covers the values ``meta.json``
+    holds itself (component options, exponents, cursor, batch size), which could otherwise be
+    edited within their types unnoticed. A ``meta.json`` without a digest (written before
+    digests were) is read as it is.
+
+    Raises:
+        CheckpointCorruptError: the digest does not match the content.
+    """
+    if DIGEST_KEY not in meta:
+        return
+    recorded = meta[DIGEST_KEY]
+    try:
+        expected = meta_digest(meta)
+    except (TypeError, ValueError):  # NaN or infinity: never written by a dump
+        expected = None
+    if not isinstance(recorded, str) or recorded != expected:
+        raise CheckpointCorruptError(
+            f"{path}: {META_FILE} does not match its digest: it was edited or damaged after the dump (expected the "
+            "content the dump wrote)"
+        )
 
 
 def fsync_path(path: Path, *, directory: bool = False) -> None:

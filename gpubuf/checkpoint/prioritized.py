@@ -122,6 +122,12 @@ class PrioritizedSamplerCodec(Codec):
         tree = tree.to(device)
         value = _number(state, "max_priority", where, nullable=True) if "max_priority" in state else None
         index = require_int(state, "max_priority_index", where, nullable=True) if "max_priority_index" in state else None
+        if not _transform_fits(1.0 if value is None else value, alpha, eps, dtype):
+            # New items get the maximum priority: its transformed value must fit the leaves.
+            raise CheckpointCorruptError(
+                f"{where}: with alpha={alpha}, the maximum priority {value} overflows {dtype} once transformed; "
+                "expected exponents under which every priority stays finite"
+            )
         max_priority = (
             None if value is None else torch.tensor(value, dtype=torch.float64, device=device),
             None if index is None else torch.tensor(index, dtype=torch.long, device=device),
@@ -167,6 +173,14 @@ def _apply_shared(sampler: Any, tree: Any, exponents: tuple, max_priority: tuple
             _set_loaded(sampler, exponents, max_priority, reduction, state)
 
     return apply
+
+
+def _transform_fits(priority: float, alpha: float, eps: float, dtype: torch.dtype) -> bool:
+    try:
+        value = (priority + eps) ** alpha
+    except OverflowError:
+        return False
+    return math.isfinite(value) and value <= torch.finfo(dtype).max
 
 
 def _check_values(values: torch.Tensor, label: str) -> None:

@@ -6,6 +6,8 @@ from typing import Any, Callable
 
 import torch
 
+from gpubuf.errors import StateDictError
+
 
 class Sampler:
     """Chooses which items a sample reads.
@@ -32,6 +34,16 @@ class Sampler:
         return None
 
     def mark_update(self, index: Any, *, storage: Any = None) -> None:
+        return None
+
+    def _check_priority(self, priority: torch.Tensor) -> None:
+        """Raises what :meth:`update_priority` would raise for ``priority``, without changing
+        anything (the buffer checks priorities given with new rows before writing them)."""
+        return None
+
+    def _check_new_items(self) -> None:
+        """Raises, before the buffer writes new rows, what :meth:`add`/:meth:`extend` would raise
+        after them (the bookkeeping of new rows). Samplers that can refuse new rows override it."""
         return None
 
     @property
@@ -73,7 +85,13 @@ class Sampler:
         return {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        return None
+        self._check_state_dict(state_dict)
+
+    def _check_state_dict(self, state_dict: Any) -> None:
+        """Raises :class:`~gpubuf.errors.StateDictError` for a state :meth:`load_state_dict`
+        would refuse, or that would leave the sampler broken; changes nothing."""
+        if not isinstance(state_dict, dict):
+            raise StateDictError(f"sampler state: expected a dict, got {type(state_dict).__name__}")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

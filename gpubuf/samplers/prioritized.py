@@ -14,13 +14,18 @@ from gpubuf.errors import (
     CapacityError,
     EmptyBufferError,
     IndexOutOfRangeError,
+    InvalidArgumentError,
     PriorityError,
     SchemaMismatchError,
+    StateDictError,
+    StateDictKeyError,
+    UnsupportedOptionError,
 )
 from gpubuf.ops._dispatch import device_path
 from gpubuf.ops.sumtree import SumTree, sumtree_check, sumtree_rebuild, sumtree_sample_weighted, sumtree_update
 from gpubuf.samplers.base import Sampler
 from gpubuf.samplers.random import _check_batch_size, _unravel
+from gpubuf.storages.base import check_device, check_fits_memory
 
 __all__ = ["PrioritizedSampler"]
 
@@ -42,8 +47,17 @@ def _storage_device(storage: Any) -> torch.device | None:
 
 def _check_exponent(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {value!r}")
     return float(value)
+
+
+def _transformed_fits(priority: float, alpha: float, eps: float, dtype: torch.dtype) -> bool:
+    """Whether ``(priority + eps) ** alpha`` is finite in the tree's leaf ``dtype`` (on the host)."""
+    try:
+        value = (float(priority) + eps) ** alpha
+    except OverflowError:
+        return False
+    return math.isfinite(value) and value <= torch.finfo(dtype).max
 
 
 class PrioritizedSampler(Sampler):
@@ -117,9 +131,13 @@ class PrioritizedSampler(Sampler):
         reproducible.
 
     Raises:
-        CapacityError: ``max_capacity`` is not a positive integer.
-        ValueError: ``alpha``, ``beta`` or ``eps`` negative or not finite; an unknown reduction.
-        NotImplementedError: a ``dtype`` other than float32 and float64 (as TorchRL).
+        CapacityError: ``max_capacity`` is not a positive integer, or its tree cannot fit in the
+            device's memory.
+        InvalidArgumentError: ``alpha``, ``beta`` or ``eps`` negative or not finite; an unknown
+            reduction (a ``ValueError``, as TorchRL).
+        UnsupportedOptionError: a ``dtype`` other than float32 and float64 (a
+            ``NotImplementedError``, as TorchRL).
+        InvalidDeviceError: a malformed ``device``, or a CUDA device without CUDA.
     """
 
     _STATE_SCHEMA_VERSION: int = 1
@@ -141,9 +159,11 @@ class PrioritizedSampler(Sampler):
         if isinstance(max_capacity, bool) or not isinstance(max_capacity, numbers.Integral) or max_capacity <= 0:
             raise CapacityError(f"max_capacity must be a positive integer, got {max_capacity!r}")
         if dtype not in (torch.float32, torch.float64):
-            raise NotImplementedError(f"dtype {dtype} not supported by PrioritizedSampler: use torch.float or torch.double")
-        if reduction not in _REDUCTIONS:
-            raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+            raise UnsupportedOptionError(
+                f"dtype {dtype} not supported by PrioritizedSampler: use torch.float or torch.double"
+            )
+        if not isinstance(reduction, str) or reduction not in _REDUCTIONS:
+            raise InvalidArgumentError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
         self._max_capacity = int(max_capacity)
         self._alpha = _check_exponent("alpha", alpha)
         self._beta = _check_exponent("beta", beta)
@@ -153,10 +173,24 @@ class PrioritizedSampler(Sampler):
         self._max_priority_within_buffer = bool(max_priority_within_buffer)
         self.stratified = bool(stratified)
         self.eager_checks = bool(eager_checks)
-        self._device = None if device is None else torch.device(device)
+        self._device = None if device is None else check_device(device)
         self._storage: Any = None
         self._bound_device_attr: Any = _UNBOUND
-        self._tree = SumTree(self._max_capacity, dtype=dtype, device=self._device or "cpu")
+        # The leaves alone take capacity x itemsize bytes: a tree that cannot fit is refused
+        # before the allocation (with overcommit, it would succeed and fail when first touched).
+        check_fits_memory(
+            self._max_capacity * dtype.itemsize,
+            self._device or torch.device("cpu"),
+            f"a priority tree of max_capacity={self._max_capacity:,}",
+            expected="a max_capacity whose tree fits in the device's memory",
+        )
+        try:
+            self._tree = SumTree(self._max_capacity, dtype=dtype, device=self._device or "cpu")
+        except (MemoryError, RuntimeError, OverflowError) as err:
+            raise CapacityError(
+                f"a priority tree of max_capacity={self._max_capacity:,} cannot be allocated here ({type(err).__name__}): "
+                "expected a capacity whose tree fits in the device's memory"
+            ) from None
         # The running maximum of the raw priorities (-inf: none yet) and, with
         # max_priority_within_buffer, the item holding it (-1: unknown): fixed tensors on the
         # tree's device that the update kernels raise in place.
@@ -192,9 +226,18 @@ class PrioritizedSampler(Sampler):
     @alpha.setter
     def alpha(self, value: float) -> None:
         value = _check_exponent("alpha", value)
-        old, self._alpha = self._alpha, value
+        old = self._alpha
         if value != old:
+            current = self._max_priority[0] if self._max_value.device.type == "cpu" else None
+            if self._max_value.device.type == "cpu" and not _transformed_fits(
+                1.0 if current is None else float(current), value, self._eps, self.dtype
+            ):
+                raise PriorityError(
+                    f"alpha={value}: the priority given to new items, ({self.default_priority} + eps) ** alpha, "
+                    f"overflows {self.dtype}; expected an alpha for which every priority stays finite"
+                )
             self._retransform(old, value)
+        self._alpha = value
 
     @property
     def beta(self) -> float:
@@ -330,6 +373,36 @@ class PrioritizedSampler(Sampler):
     def extend(self, index: torch.Tensor | tuple) -> None:
         """Gives the items written at ``index`` the default priority (the buffer calls this after a write)."""
         self.mark_update(index)
+
+    def _check_priority(self, priority: torch.Tensor) -> None:
+        """Refuses NaN, infinite or negative priorities, or ones whose transformed value overflows
+        the tree's dtype. Host tensors only: a device tensor is checked by the update itself."""
+        if priority.device.type != "cpu" or priority.numel() == 0:
+            return
+        values = priority.detach().to(torch.float64)
+        if not bool(torch.isfinite(values).all()) or bool((values < 0).any()):
+            raise PriorityError("priority contains NaN, infinite or negative values: expected finite numbers >= 0")
+        if not _transformed_fits(float(values.max()), self._alpha, self._eps, self.dtype):
+            raise PriorityError(
+                f"priority {float(values.max())}: (p + eps) ** alpha with alpha={self._alpha} overflows {self.dtype}"
+            )
+
+    def _check_new_items(self) -> None:
+        """Refuses, before the buffer writes rows, what :meth:`extend` would refuse after.
+
+        New items get :attr:`default_priority`; its transformed value must fit the tree. Read on
+        the host only: with a CUDA tree the maximum stays on the device (no synchronisation), and
+        the update's own validation applies.
+        """
+        if self._max_value.device.type != "cpu":
+            return  # reading the maximum would wait for the device
+        current = self._max_priority[0]
+        priority = 1.0 if current is None else float(current)
+        if not _transformed_fits(priority, self._alpha, self._eps, self.dtype):
+            raise PriorityError(
+                f"new items would get priority {priority}, and ({priority} + eps) ** alpha with alpha={self._alpha} "
+                f"overflows {self.dtype}: nothing was written; expected a smaller alpha or maximum priority"
+            )
 
     def mark_update(self, index: Any, *, storage: Any = None) -> None:
         """Sets the priority of ``index`` to :attr:`default_priority` (TorchRL's hook for written items).
@@ -474,6 +547,12 @@ class PrioritizedSampler(Sampler):
             return
         raw = (leaves.to(torch.float64) ** (1.0 / old_alpha) - self._eps).clamp_min(0)
         new = torch.where(written, (raw + self._eps) ** new_alpha, torch.zeros_like(raw))
+        if not bool((new <= torch.finfo(self.dtype).max).all()):
+            # Checked before any leaf changes: the alpha setter then raises with the tree intact.
+            raise PriorityError(
+                f"alpha={new_alpha}: (p + eps) ** alpha of a stored priority overflows {self.dtype}; expected an alpha "
+                "for which every stored priority stays finite"
+            )
         leaves.copy_(new.to(self.dtype))
         sumtree_rebuild(self._tree)
 
@@ -512,27 +591,95 @@ class PrioritizedSampler(Sampler):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restores a :meth:`state_dict`; the tree is rebuilt on this sampler's device.
 
+        The whole state is checked before anything changes.
+
         Raises:
-            ValueError: the state's capacity or dtype differs from this sampler's.
+            StateDictKeyError: a key is missing.
+            StateDictError: a value of the wrong type or out of range (an exponent that is
+                negative or not finite, a maximum priority that is NaN, negative leaves), a
+                capacity or tree dtype that differs from this sampler's, or exponents under which
+                the maximum priority overflows the tree's dtype.
         """
-        tree_state = state_dict["_tree"]
-        if int(state_dict["_max_capacity"]) != self._max_capacity or int(tree_state["capacity"]) != self._max_capacity:
-            raise ValueError(
-                f"the state's capacity ({state_dict['_max_capacity']}) differs from this sampler's ({self._max_capacity})"
-            )
-        if tree_state["dtype"] != str(self.dtype).removeprefix("torch."):
-            raise ValueError(f"the state's tree dtype ({tree_state['dtype']}) differs from this sampler's ({self.dtype})")
-        tree = SumTree.from_state_dict(tree_state, device=self._tree.device)
-        self._alpha = _check_exponent("alpha", state_dict["_alpha"])
-        self._beta = _check_exponent("beta", state_dict["_beta"])
-        self._eps = _check_exponent("eps", state_dict["_eps"])
+        alpha, beta, eps, tree_state, value, index = self._check_state(state_dict)
+        try:
+            tree = SumTree.from_state_dict(tree_state, device=self._tree.device)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise StateDictError(f"sampler state: the tree's leaves cannot be loaded: {err}") from None
+        self._alpha, self._beta, self._eps = alpha, beta, eps
         self._tree = tree
-        value, index = state_dict["_max_priority"], state_dict.get("_max_priority_index")
         device = tree.device
         self._max_priority = (
-            None if value is None else torch.tensor(float(value), dtype=torch.float64, device=device),
-            None if index is None else torch.tensor(int(index), dtype=torch.long, device=device),
+            None if value is None else torch.tensor(value, dtype=torch.float64, device=device),
+            None if index is None else torch.tensor(index, dtype=torch.long, device=device),
         )
+
+    def _check_state_dict(self, state_dict: Any) -> None:
+        self._check_state(state_dict)
+
+    def _check_state(self, state_dict: Any) -> tuple:
+        """Validates a :meth:`state_dict` whole; returns ``(alpha, beta, eps, tree state, max, max index)``."""
+        where = "sampler state"
+        if not isinstance(state_dict, dict):
+            raise StateDictError(f"{where}: expected a dict, got {type(state_dict).__name__}")
+        for key in ("_alpha", "_beta", "_eps", "_max_capacity", "_max_priority", "_tree"):
+            if key not in state_dict:
+                raise StateDictKeyError(f"{where}: missing key {key!r} (expected the keys of PrioritizedSampler.state_dict())")
+        try:
+            alpha, beta, eps = (_check_exponent(name, state_dict[f"_{name}"]) for name in ("alpha", "beta", "eps"))
+        except InvalidArgumentError as err:
+            raise StateDictError(f"{where}: {err}") from None
+        capacity = state_dict["_max_capacity"]
+        if isinstance(capacity, bool) or not isinstance(capacity, numbers.Integral) or capacity != self._max_capacity:
+            raise StateDictError(
+                f"{where}: the state's capacity ({capacity!r}) differs from this sampler's ({self._max_capacity})"
+            )
+        tree_state = state_dict["_tree"]
+        if not isinstance(tree_state, dict) or not {"capacity", "fanout", "dtype", "leaves"} <= set(tree_state):
+            raise StateDictError(f"{where}: _tree must be a dict with capacity, fanout, dtype and leaves")
+        tree_capacity = tree_state["capacity"]
+        if (
+            isinstance(tree_capacity, bool)
+            or not isinstance(tree_capacity, numbers.Integral)
+            or tree_capacity != self._max_capacity
+        ):
+            raise StateDictError(
+                f"{where}: the tree's capacity ({tree_state['capacity']!r}) differs from this sampler's ({self._max_capacity})"
+            )
+        if not isinstance(tree_state["dtype"], str) or tree_state["dtype"] != str(self.dtype).removeprefix("torch."):
+            raise StateDictError(f"{where}: the tree dtype ({tree_state['dtype']!r}) differs from this sampler's ({self.dtype})")
+        fanout = tree_state["fanout"]
+        if isinstance(fanout, bool) or not isinstance(fanout, numbers.Integral) or fanout < 2:
+            raise StateDictError(f"{where}: the tree's fanout must be an int >= 2, got {fanout!r}")
+        leaves = tree_state["leaves"]
+        if (
+            not isinstance(leaves, torch.Tensor)
+            or leaves.shape != torch.Size([self._max_capacity])
+            or not leaves.dtype.is_floating_point
+        ):
+            raise StateDictError(f"{where}: expected {self._max_capacity} float leaves in _tree")
+        if leaves.device.type == "cpu" and not bool((torch.isfinite(leaves) & (leaves >= 0)).all()):
+            # A state dict holds CPU leaves; a device copy is left to the tree's own checks.
+            raise StateDictError(f"{where}: the tree's leaves must be finite and >= 0")
+        value = state_dict["_max_priority"]
+        if value is not None:
+            if isinstance(value, torch.Tensor) and value.numel() == 1 and value.device.type == "cpu":
+                value = float(value)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+                raise StateDictError(f"{where}: _max_priority must be None or a finite number >= 0, got {value!r}")
+            value = float(value)
+        if not _transformed_fits(1.0 if value is None else value, alpha, eps, self.dtype):
+            raise StateDictError(
+                f"{where}: with alpha={alpha}, the maximum priority {value} overflows {self.dtype} once transformed; "
+                "expected exponents under which every priority stays finite"
+            )
+        index = state_dict.get("_max_priority_index")
+        if index is not None:
+            if isinstance(index, torch.Tensor) and index.numel() == 1 and index.device.type == "cpu":
+                index = int(index)
+            if isinstance(index, bool) or not isinstance(index, numbers.Integral) or not 0 <= index < self._max_capacity:
+                raise StateDictError(f"{where}: _max_priority_index must be None or an index below the capacity, got {index!r}")
+            index = int(index)
+        return alpha, beta, eps, tree_state, value, index
 
     def __repr__(self) -> str:
         return (

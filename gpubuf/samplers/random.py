@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from gpubuf.errors import BatchSizeError, EmptyBufferError
+from gpubuf.errors import BatchSizeError, EmptyBufferError, StateDictError, StateDictKeyError
 from gpubuf.samplers.base import Sampler
 
 _EMPTY = "Cannot sample from an empty storage. Extend the buffer first."
@@ -149,7 +149,27 @@ class SamplerWithoutReplacement(Sampler):
             "_ran_out": self._ran_out,
         }
 
+    def _check_state_dict(self, state_dict: Any) -> None:
+        super()._check_state_dict(state_dict)
+        for key in ("len_storage", "_sample_list", "drop_last", "_ran_out"):
+            if key not in state_dict:
+                raise StateDictKeyError(f"sampler state: missing key {key!r} (expected the keys of state_dict())")
+        length = state_dict["len_storage"]
+        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+            raise StateDictError(f"sampler state: len_storage must be an int >= 0, got {length!r}")
+        for key in ("drop_last", "_ran_out"):
+            if not isinstance(state_dict[key], bool):
+                raise StateDictError(f"sampler state: {key} must be a bool, got {state_dict[key]!r}")
+        left = state_dict["_sample_list"]
+        if left is None:
+            return
+        if not isinstance(left, torch.Tensor) or left.ndim != 1 or left.dtype != torch.int64:
+            raise StateDictError("sampler state: _sample_list must be None or a 1-D int64 tensor of the epoch's indices")
+        if left.device.type == "cpu" and left.numel() and (int(left.min()) < 0 or int(left.max()) >= max(length, 1)):
+            raise StateDictError(f"sampler state: _sample_list holds indices outside [0, {length})")
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._check_state_dict(state_dict)
         self.len_storage = int(state_dict["len_storage"])
         sample_list = state_dict["_sample_list"]
         self._sample_list = sample_list.clone() if isinstance(sample_list, torch.Tensor) else sample_list

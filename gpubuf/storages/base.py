@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import operator
 import threading
 from typing import Any, Callable, Sequence
 
 import torch
 
-from gpubuf.errors import CapacityError
+from gpubuf.storages.checks import MAX_CAPACITY, check_device, check_fits_memory, check_max_size  # noqa: F401 (re-exported)
 from gpubuf.storages._layout import expand_as_batch
 from gpubuf.storages.items import batch_length
-
-
-def check_max_size(max_size: Any, what: str = "max_size") -> int:
-    """Returns ``max_size`` as an int, or raises :class:`CapacityError` when it is not a positive integer."""
-    if isinstance(max_size, bool) or not hasattr(max_size, "__index__"):
-        raise CapacityError(f"{what} must be a positive integer, got {max_size!r} ({type(max_size).__name__})")
-    value = operator.index(max_size)
-    if value <= 0:
-        raise CapacityError(f"{what} must be a positive integer, got {value}")
-    return value
 
 
 class WriteCursor:

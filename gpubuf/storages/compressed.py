@@ -29,6 +29,14 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from gpubuf.errors import (
+    InvalidIndexError,
+    SchemaMismatchError,
+    StateDictError,
+    StateDictKeyError,
+    UnsupportedDataError,
+    WritePositionError,
+)
 from gpubuf.storages._layout import is_tensor_collection
 from gpubuf.storages.list import ListStorage
 from gpubuf.storages.items import is_int
@@ -147,45 +155,62 @@ class CompressedListStorage(ListStorage):
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         """Writes one item at an int cursor, items at a slice, or one item per index of a sequence.
 
+        Every position and item is checked, and every item compressed, before the first one is
+        stored: a refused write stores nothing.
+
         Raises:
-            RuntimeError: an int cursor more than one item past the end, or past ``max_size``.
-            TypeError: a sequence cursor with data that is not a sequence of items.
+            WritePositionError: a position more than one item past the end or past ``max_size``,
+                or (``set_cursor=False``, ``rb[i] = item``) past the items stored; a
+                ``RuntimeError`` as in TorchRL.
+            UnsupportedDataError: a sequence cursor with data that is not a sequence of items.
+            SchemaMismatchError: as many items as positions are expected.
         """
-        if not is_int(cursor):
-            if isinstance(cursor, (torch.Tensor, np.ndarray)) and cursor.ndim == 0:
-                return self.set(int(cursor), data, set_cursor=set_cursor)
-            if isinstance(cursor, slice):
-                data = self._to_device(data)
-                if not hasattr(data, "__iter__"):
-                    data = [data]
-                start, stop, step = cursor.indices(len(self._storage))
-                for i, value in zip(range(start, stop, step), data):
-                    self._set_item(i, value)
-                return
-            if isinstance(data, (list, tuple, torch.Tensor, TensorDictBase, range, set, np.ndarray)) or is_tensor_collection(data):
-                cursor = cursor.tolist() if isinstance(cursor, (torch.Tensor, np.ndarray)) else list(cursor)
-                items = list(data) if not (isinstance(data, torch.Tensor) or is_tensor_collection(data)) else list(data.unbind(0))
-                if len(items) != len(cursor):
-                    raise ValueError(f"got {len(items)} items for {len(cursor)} indices")
-                for c, item in zip(cursor, items):
-                    self.set(c, item, set_cursor=set_cursor)
-                return
-            raise TypeError(
-                f"Cannot extend a {type(self)} with data of type {type(data)}. Provide a list, tuple, set, range, "
-                "np.ndarray, tensor or tensordict subclass instead."
+        if is_int(cursor) or (isinstance(cursor, (torch.Tensor, np.ndarray)) and cursor.ndim == 0):
+            positions, items = [int(cursor)], [data]
+        elif isinstance(cursor, slice):
+            positions = list(range(len(self._storage)))[cursor]
+            items = list(data) if isinstance(data, (list, tuple)) else _unbound(data)
+        elif isinstance(data, (list, tuple, torch.Tensor, TensorDictBase, range, set, np.ndarray)) or is_tensor_collection(
+            data
+        ):
+            positions = _positions(cursor)
+            items = _unbound(data)
+        else:
+            raise UnsupportedDataError(
+                f"cannot write a {type(data).__name__} at a sequence of positions: expected a list, tuple, set, range, "
+                "np.ndarray, tensor or tensordict of items"
             )
-        cursor = int(cursor)
-        if cursor > len(self._storage):
-            raise RuntimeError(
-                "Cannot append data located more than one item away from the storage size: the storage size is "
-                f"{len(self._storage)} and the index of the item to be set is {cursor}."
-            )
-        if cursor >= self.max_size:
-            raise RuntimeError(
-                f"Cannot append data to the list storage: maximum capacity is {self.max_size} and the index of the "
-                f"item to be set is {cursor}."
-            )
-        self._set_item(cursor, self._to_device(data))
+        if len(items) != len(positions):
+            raise SchemaMismatchError(f"got {len(items)} items for {len(positions)} positions: expected one per position")
+        size = len(self._storage)
+        for position in positions:
+            if not set_cursor and not -len(self._storage) <= position < len(self._storage):
+                raise WritePositionError(
+                    f"cannot set item {position}: the storage holds {len(self._storage)} items; expected the position of "
+                    "a stored item (add() or extend() append new ones)"
+                )
+            if position > size:
+                raise WritePositionError(
+                    "Cannot append data located more than one item away from the storage size: the storage size is "
+                    f"{size} and the index of the item to be set is {position}."
+                )
+            if position >= self.max_size:
+                raise WritePositionError(
+                    f"Cannot append data to the list storage: maximum capacity is {self.max_size} and the index of the "
+                    f"item to be set is {position}."
+                )
+            size = max(size, position + 1)
+        compressed = [self._compress_item(self._to_device(item)) for item in items]
+        for position, (value, metadata) in zip(positions, compressed):
+            self._place(position % len(self._storage) if position < 0 else position, value, metadata)
+
+    def _place(self, cursor: int, compressed: Any, metadata: Any) -> None:
+        if cursor == len(self._storage):
+            self._storage.append(compressed)
+            self._metadata.append(metadata)
+        else:
+            self._storage[cursor] = compressed
+            self._metadata[cursor] = metadata
 
     def _write_rows(self, start: int, data: Any) -> int:
         """Round-robin write of a batch of items from ``start`` (the writers' path)."""
@@ -193,8 +218,14 @@ class CompressedListStorage(ListStorage):
         n = len(items)
         cap = self.max_size
         skip = max(n - cap, 0)
-        for k, item in enumerate(items[skip:]):
-            self._set_item((start + skip + k) % cap, self._to_device(item))
+        # Every item is compressed before the first one is stored: a refused batch stores nothing.
+        compressed = [self._compress_item(self._to_device(item)) for item in items[skip:]]
+        for k, (value, metadata) in enumerate(compressed):
+            cursor = (start + skip + k) % cap
+            while len(self._storage) < cursor:  # the kept items fill every slot: make room for them
+                self._storage.append(None)
+                self._metadata.append(None)
+            self._place(cursor, value, metadata)
         return n
 
     # ------------------------------------------------------------------ reading
@@ -240,6 +271,30 @@ class CompressedListStorage(ListStorage):
         return {"_storage": self._storage, "_metadata": self._metadata}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Replaces the items with a :meth:`state_dict`'s, checked first.
+
+        Raises:
+            StateDictKeyError: ``_storage`` or ``_metadata`` missing.
+            StateDictError: not two lists of one length (at most ``max_size``) with a metadata
+                dict per item; nothing changes.
+        """
+        if not isinstance(state_dict, dict):
+            raise StateDictError(f"storage state: expected a dict, got {type(state_dict).__name__}")
+        for key in ("_storage", "_metadata"):
+            if key not in state_dict:
+                raise StateDictKeyError(f"storage state: missing key {key!r} (expected the keys of state_dict())")
+        items, metadata = state_dict["_storage"], state_dict["_metadata"]
+        if (
+            not isinstance(items, (list, tuple))
+            or not isinstance(metadata, (list, tuple))
+            or len(items) != len(metadata)
+            or len(items) > self.max_size
+            or not all(isinstance(entry, dict) for entry in metadata)
+        ):
+            raise StateDictError(
+                f"storage state: expected _storage and _metadata lists of one length (at most {self.max_size}), with "
+                "a metadata dict per item"
+            )
         # Copies, so that the storage never shares memory with the caller's objects.
         self._storage = [e.clone() if isinstance(e, torch.Tensor) else e for e in state_dict["_storage"]]
         self._metadata = deepcopy(state_dict["_metadata"])
@@ -290,3 +345,31 @@ class CompressedListStorage(ListStorage):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(items={len(self)}, max_size={self.max_size}, compression_level={self.compression_level})"
+
+
+def _unbound(data: Any) -> list:
+    """The items of a batch: a sequence's elements, or a tensor's (collection's) rows."""
+    if isinstance(data, torch.Tensor) or is_tensor_collection(data):
+        if getattr(data, "ndim", 1) == 0:
+            raise UnsupportedDataError("a 0-d tensor holds one item: write it at an int position")
+        return list(data.unbind(0))
+    if isinstance(data, (list, tuple, range, set, np.ndarray)):
+        return list(data)
+    return [data]  # one item written at every position of a slice
+
+
+def _positions(cursor: Any) -> list[int]:
+    """A sequence, array or tensor of positions as a list of ints; a boolean mask as the positions it selects."""
+    if isinstance(cursor, (torch.Tensor, np.ndarray)):
+        tensor = torch.as_tensor(cursor)
+        if tensor.dtype == torch.bool:
+            tensor = tensor.reshape(-1).nonzero().squeeze(-1)
+        if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
+            raise InvalidIndexError(f"positions of dtype {tensor.dtype}: expected integers")
+        return tensor.reshape(-1).tolist()
+    values = list(cursor)
+    if values and all(isinstance(v, (bool, np.bool_)) for v in values):
+        return [i for i, v in enumerate(values) if v]
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
+        raise InvalidIndexError("positions holding values other than ints: expected integer positions")
+    return [int(v) for v in values]

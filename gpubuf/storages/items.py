@@ -15,6 +15,7 @@ import torch.utils._pytree as pytree
 
 from gpubuf.errors import SchemaMismatchError, UnsupportedDataError
 from gpubuf.storages._layout import is_tensor_collection
+from gpubuf.storages.checks import check_device
 
 __all__ = ["AUTO_DEVICE", "as_device", "batch_length", "is_int", "leading_shape", "leading_size", "stack_items"]
 
@@ -23,11 +24,15 @@ AUTO_DEVICE = ("auto", None)
 
 
 def as_device(device: Any) -> torch.device | None:
-    """A storage's ``device=`` argument as a device (None for :data:`AUTO_DEVICE`); ``"cuda"`` gets its ordinal."""
-    if device in AUTO_DEVICE:
+    """A storage's ``device=`` argument as a device (None for :data:`AUTO_DEVICE`); ``"cuda"`` gets its ordinal.
+
+    Raises:
+        InvalidDeviceError: a malformed device, or a CUDA device where CUDA is not available.
+    """
+    if device is None or (isinstance(device, str) and device in AUTO_DEVICE):
         return None
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+    device = check_device(device)
+    if device.type == "cuda" and device.index is None:
         # Make "cuda" comparable with tensors' devices, which always carry an ordinal.
         device = torch.device("cuda", torch.cuda.current_device())
     return device
@@ -76,7 +81,15 @@ def batch_length(data: Any) -> int:
         return len(data)
     leaves = [leaf for leaf in pytree.tree_leaves(data) if isinstance(leaf, torch.Tensor)]
     if not leaves:
-        return len(data)
+        try:
+            return len(data)
+        except TypeError:
+            raise UnsupportedDataError(
+                f"cannot extend with a {type(data).__name__}: expected a batch (a tensor, TensorDict, pytree of "
+                "tensors or a list of items)"
+            ) from None
+    if leaves[0].ndim == 0:
+        raise SchemaMismatchError("expected a batch with a leading dimension, got scalar leaves; use add() for one item")
     return leaves[0].shape[0]
 
 

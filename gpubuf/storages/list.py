@@ -7,7 +7,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpubuf.errors import EmptyBufferError, IndexOutOfRangeError, UnsupportedDataError
+from gpubuf.errors import (
+    EmptyBufferError,
+    IndexOutOfRangeError,
+    InvalidIndexError,
+    StateDictError,
+    StateDictKeyError,
+    UnsupportedDataError,
+)
 from gpubuf.storages.base import Storage, check_max_size
 from gpubuf.storages.items import is_int
 
@@ -82,6 +89,14 @@ class ListStorage(Storage):
         """
         if is_int(cursor):
             cursor = int(cursor)
+            if not set_cursor and not -len(self._storage) <= cursor < len(self._storage):
+                # A write that bypasses the writer (rb[i] = item) would grow the list behind the
+                # writer's cursor, and the next extend would overwrite it.
+                raise IndexOutOfRangeError(
+                    f"cannot set item {cursor}: the list holds {len(self._storage)} items; expected an index of a "
+                    "stored item (add() or extend() append new ones)"
+                )
+            cursor = cursor % len(self._storage) if cursor < 0 else cursor
             if cursor > len(self._storage) or cursor >= self.max_size:
                 raise IndexOutOfRangeError(
                     f"cannot write at {cursor}: the list holds {len(self._storage)} items (capacity {self.max_size})"
@@ -95,17 +110,21 @@ class ListStorage(Storage):
             return
         if isinstance(cursor, slice):
             cursor = range(len(self._storage) + len(self._as_items(data)))[cursor]
-        cursor = cursor.tolist() if isinstance(cursor, (torch.Tensor, np.ndarray)) else list(cursor)
+        cursor = _positions(cursor)
         items = self._as_items(data)
         if len(items) != len(cursor):
             raise UnsupportedDataError(f"got {len(items)} items for {len(cursor)} indices")
         size = len(self._storage)
         for c in cursor:
+            if not set_cursor and not -len(self._storage) <= c < len(self._storage):
+                raise IndexOutOfRangeError(
+                    f"cannot set item {c}: the list holds {len(self._storage)} items; expected indices of stored items"
+                )
             if c > size or c >= self.max_size:
                 raise IndexOutOfRangeError(f"cannot write at {c}: the list holds {size} items")
             size = max(size, c + 1)
         for c, item in zip(cursor, items):
-            self.set(c, item)
+            self.set(c, item, set_cursor=set_cursor)
 
     def get(self, index: Any) -> Any:
         """Returns one item for an int, a list of items (collated by the buffer) otherwise."""
@@ -123,7 +142,7 @@ class ListStorage(Storage):
             if len(index) != 1:
                 raise IndexOutOfRangeError("a ListStorage is indexed along one dimension only")
             return self.get(index[0])
-        index = index.tolist() if isinstance(index, (torch.Tensor, np.ndarray)) else list(index)
+        index = _positions(index)
         for i in index:
             if not -n <= i < n:
                 raise IndexOutOfRangeError(f"index {i} is out of range for a storage of length {n}")
@@ -139,10 +158,42 @@ class ListStorage(Storage):
         return {"_storage": list(self._storage)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._storage = list(state_dict["_storage"])
+        """Replaces the items with a :meth:`state_dict`'s.
+
+        Raises:
+            StateDictKeyError: no ``_storage``.
+            StateDictError: ``_storage`` is not a list of at most ``max_size`` items; nothing changes.
+        """
+        if not isinstance(state_dict, dict):
+            raise StateDictError(f"storage state: expected a dict, got {type(state_dict).__name__}")
+        if "_storage" not in state_dict:
+            raise StateDictKeyError("storage state: missing key '_storage' (expected the keys of state_dict())")
+        items = state_dict["_storage"]
+        if not isinstance(items, (list, tuple)) or len(items) > self.max_size:
+            raise StateDictError(
+                f"storage state: _storage must be a list of at most {self.max_size} items, got {type(items).__name__}"
+            )
+        self._storage = list(items)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(items={len(self)}, max_size={self.max_size})"
+
+
+def _positions(index: Any) -> list[int]:
+    """A sequence, array or tensor index as a flat list of ints; a boolean mask as the positions it selects."""
+    if isinstance(index, (torch.Tensor, np.ndarray)):
+        tensor = torch.as_tensor(index)
+        if tensor.dtype == torch.bool:
+            tensor = tensor.reshape(-1).nonzero().squeeze(-1)
+        if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
+            raise InvalidIndexError(f"an index of dtype {tensor.dtype}: expected integer positions")
+        return tensor.reshape(-1).tolist()
+    values = list(index)
+    if values and all(isinstance(v, (bool, np.bool_)) for v in values):
+        return [i for i, v in enumerate(values) if v]
+    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
+        raise InvalidIndexError("an index sequence holding values other than ints: expected integer positions")
+    return [int(v) for v in values]
 
 
 __all__ = ["ListStorage"]

@@ -27,7 +27,7 @@ import torch
 import torch.utils._pytree as pytree
 from tensordict import TensorDictBase, is_tensorclass
 
-from gpubuf.errors import GpubufError, SchemaMismatchError
+from gpubuf.errors import CapacityError, GpubufError, SchemaMismatchError
 from gpubuf.storages import _cleanup
 from gpubuf.storages import _memmap_files as files
 from gpubuf.storages._layout import Layout
@@ -48,7 +48,7 @@ from gpubuf.storages._shared import (
     state_dir,
 )
 from gpubuf.storages.items import is_int, leading_size, stack_items
-from gpubuf.storages.tensor import LazyTensorStorage
+from gpubuf.storages.tensor import LazyTensorStorage, _check_state
 
 __all__ = [
     "LazyMemmapStorage",
@@ -61,6 +61,7 @@ __all__ = [
 ]
 
 _CPU = torch.device("cpu")
+_MAX_FILE_BYTES = 2**63 - 1
 
 
 class _LeafFile:
@@ -137,6 +138,9 @@ class LazyMemmapStorage(LazyTensorStorage):
         >>> storage.get(0).batch_size
         torch.Size([11])
     """
+
+    #: Rows live in sparse files, not in memory: a capacity past the RAM is fine.
+    _rows_in_memory = False
 
     def __init__(
         self,
@@ -266,14 +270,23 @@ class LazyMemmapStorage(LazyTensorStorage):
     def _capacity_plan(self, layout: Layout) -> tuple[int, list[int]]:
         """``(capacity along dim 0, storage dims 1..ndim-1)`` for items of ``layout``."""
         if self.ndim == 1:
-            return self.max_size, []
-        rest = list(layout.leaves[0].shape[: self.ndim - 1])
-        if len(rest) != self.ndim - 1:
-            raise SchemaMismatchError(
-                f"ndim={self.ndim} needs items with at least {self.ndim - 1} batch dims; got item shape "
-                f"{list(layout.leaves[0].shape)}"
+            cap0, rest = self.max_size, []
+        else:
+            rest = list(layout.leaves[0].shape[: self.ndim - 1])
+            if len(rest) != self.ndim - 1:
+                raise SchemaMismatchError(
+                    f"ndim={self.ndim} needs items with at least {self.ndim - 1} batch dims; got item shape "
+                    f"{list(layout.leaves[0].shape)}"
+                )
+            cap0 = -(-self.max_size // max(int(np.prod(rest)), 1))
+        widest = max((spec.row_bytes for spec in layout.leaves), default=0)
+        if cap0 * widest > _MAX_FILE_BYTES:
+            # Checked before any file exists: the files are sparse, but their size is an off_t.
+            raise CapacityError(
+                f"a file of {cap0:,} rows of {widest:,} bytes exceeds the largest file size (2**63 - 1 bytes): "
+                "expected a smaller capacity"
             )
-        return -(-self.max_size // max(int(np.prod(rest)), 1)), rest
+        return cap0, rest
 
     def _init_from(self, layout: Layout, leaves: list[torch.Tensor]) -> None:
         self._check_usable()
@@ -778,11 +791,13 @@ class LazyMemmapStorage(LazyTensorStorage):
             DiskFullError: no space for the rows.
         """
         self._check_usable()
-        data = state_dict["_storage"]
+        data, length = _check_state(state_dict, self.ndim)
         if data is None:
             self._empty()
             return
         n = leading_size(data)
+        if not self.initialized and self.ndim == 1 and n != self.max_size:
+            raise StorageMismatchError(f"the state dict holds {n} rows, this storage's capacity is {self.max_size}")
         if self.initialized:
             files.check_same_layout(Layout.from_batch(data, leading=1), self._description(), self.scratch_dir)
             if n != self._capacity_along_dim0:
@@ -791,7 +806,7 @@ class LazyMemmapStorage(LazyTensorStorage):
                 )
         self._write_rows(0, data)
         with self._state.lock:
-            self._state.length = int(state_dict["_len"])
+            self._state.length = length
 
     # ------------------------------------------------------------------ cleanup
     def cleanup(self) -> bool:

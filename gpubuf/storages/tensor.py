@@ -11,6 +11,7 @@ storage exactly as it was.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -18,15 +19,20 @@ import torch
 
 from gpubuf.errors import (
     DeviceMismatchError,
+    GpubufError,
+    StateDictError,
+    StateDictKeyError,
     EmptyBufferError,
     IndexOutOfRangeError,
+    InvalidArgumentError,
     SchemaMismatchError,
     UnsupportedDataError,
 )
 from gpubuf.ops.gather_rows import gather_rows_trusted
 from gpubuf.host_memory import HUGE_PAGE_BYTES, empty_host, huge_pages_enabled
 from gpubuf.storages._layout import Layout
-from gpubuf.storages.base import Storage, check_max_size
+from gpubuf.storages.base import Storage
+from gpubuf.storages.checks import check_fits_memory, check_max_size
 from gpubuf.storages.items import AUTO_DEVICE, as_device, is_int, leading_shape, leading_size, stack_items
 
 
@@ -80,9 +86,11 @@ class TensorStorage(Storage):
         compilable: bool = False,
     ) -> None:
         if storage is None and max_size is None:
-            raise ValueError("TensorStorage needs a storage (tensor or TensorDict) or a max_size")
+            raise InvalidArgumentError(
+                "TensorStorage got neither storage nor max_size: expected a tensor or TensorDict as storage, or a max_size"
+            )
         if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 1:
-            raise ValueError(f"ndim must be a positive int, got {ndim!r}")
+            raise InvalidArgumentError(f"ndim must be a positive int, got {ndim!r}")
         self.ndim = ndim
         self._layout: Layout | None = None
         self._leaves: list[torch.Tensor] | None = None
@@ -94,7 +102,7 @@ class TensorStorage(Storage):
         if storage is not None:
             leading = leading_size(storage)
             if max_size is not None and check_max_size(max_size) != leading:
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"max_size={max_size} does not match the storage's first dimension ({leading})"
                 )
             super().__init__(leading, compilable=compilable)
@@ -191,6 +199,8 @@ class TensorStorage(Storage):
             cap0 = -(-self.max_size // max(rest.numel(), 1))
         else:
             cap0 = self.max_size
+        row_bytes = sum(math.prod(spec.shape) * spec.dtype.itemsize for spec in layout.leaves)
+        check_fits_memory(cap0 * row_bytes, device, f"a {type(self).__name__} of {cap0:,} rows of {row_bytes:,} bytes")
         return [_empty_leaf((cap0, *spec.shape), spec.dtype, device) for spec in layout.leaves]
 
     def _target_device(self, leaves: Sequence[torch.Tensor]) -> torch.device:
@@ -258,6 +268,8 @@ class TensorStorage(Storage):
             ``(n, leaves, first, skip, count)``: the batch's rows along dim 0, its leaves, the
             storage row the kept rows start at, the batch rows skipped and the rows kept.
         """
+        if isinstance(data, list):
+            data = stack_items(data)  # a list of items (README: extend([item, ...])) is their stack
         n = leading_size(data)
         layout, leaves, needs_init = self._prepare(data, [n])
         if needs_init:
@@ -270,6 +282,7 @@ class TensorStorage(Storage):
         """Copies ``count`` batch rows from ``skip`` on into storage rows ``first, ...``, wrapping once."""
         cap0 = self._capacity_along_dim0
         head = min(count, cap0 - first)
+        leaves = _unaliased(leaves, self._leaves)
         for store, leaf in zip(self._leaves, leaves):
             store[first : first + head].copy_(leaf[skip : skip + head])
             if head < count:
@@ -305,6 +318,9 @@ class TensorStorage(Storage):
             lead = [index.shape[0]]
         else:
             tensor = torch.as_tensor(np.asarray(cursor) if not isinstance(cursor, torch.Tensor) else cursor)
+            if tensor.dtype == torch.bool:
+                # A mask writes one item per True entry, at that entry's position.
+                tensor = cursor = tensor.reshape(-1).nonzero().squeeze(-1)
             rows = tensor.reshape(-1).tolist()
             lead = list(tensor.shape)
         # A tuple cursor addresses single elements of an ndim > 1 storage: the data then holds
@@ -325,7 +341,7 @@ class TensorStorage(Storage):
             cursor = tuple(torch.as_tensor(c, dtype=torch.long, device=self._leaves[0].device) for c in cursor)
         elif not isinstance(cursor, (int, slice)):
             cursor = torch.as_tensor(np.asarray(cursor), dtype=torch.long, device=self._leaves[0].device)
-        for store, leaf in zip(self._leaves, leaves):
+        for store, leaf in zip(self._leaves, _unaliased(leaves, self._leaves)):
             store[cursor] = leaf
         if set_cursor:
             written = len(rows) if item_offset else len(rows) * self._rest_numel
@@ -464,7 +480,14 @@ class TensorStorage(Storage):
         return {"_storage": self._storage, "initialized": self.initialized, "_len": self._len}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        data = state_dict["_storage"]
+        """Replaces the rows with a :meth:`state_dict`'s (the layout comes with them).
+
+        Raises:
+            StateDictKeyError: ``_storage`` or ``_len`` missing.
+            StateDictError: a length that is not an int in ``[0, items held]``, or data that is not
+                tensors; nothing changes.
+        """
+        data, length = _check_state(state_dict, self.ndim)
         if data is None:
             self._layout = self._leaves = self._flat_leaves = None
             self._len = 0
@@ -475,7 +498,7 @@ class TensorStorage(Storage):
         if self._auto_device:
             self.device = device
         self._install(layout, [leaf.to(device).clone() for leaf in leaves])
-        self._len = int(state_dict["_len"])
+        self._len = length
 
     def __repr__(self) -> str:
         return (
@@ -502,7 +525,12 @@ class LazyTensorStorage(TensorStorage):
             tensor per leaf, which is what consolidation buys in TorchRL.
 
     Raises:
-        CapacityError: ``max_size`` is not a positive int.
+        CapacityError: ``max_size`` is not a positive int below ``2**63``, or exceeds the bytes of
+            ``device``'s memory (every item takes at least one byte). At the first write, when
+            the item size is known, a capacity whose rows cannot fit in the device's memory is
+            refused the same way, before anything is allocated or written.
+        InvalidDeviceError: a malformed device, or a CUDA device without CUDA.
+        InvalidArgumentError: ``ndim < 1``.
 
     Examples:
         >>> storage = LazyTensorStorage(100)
@@ -510,6 +538,9 @@ class LazyTensorStorage(TensorStorage):
         >>> len(storage)
         10
     """
+
+    #: Whether the rows live in the device's memory (not in files): its capacity must fit there.
+    _rows_in_memory = True
 
     def __init__(
         self,
@@ -531,6 +562,58 @@ class LazyTensorStorage(TensorStorage):
         super().__init__(None, max_size, device=device, ndim=ndim, compilable=compilable)
         self.consolidated = consolidated
         self.cleanup_memmap = cleanup_memmap
+        if self._rows_in_memory and isinstance(self.device, torch.device):
+            # Rows held in memory: a capacity beyond the device's bytes cannot work for any item.
+            check_fits_memory(self.max_size, self.device, f"{type(self).__name__}({self.max_size:,})")
+
+
+def _check_state(state_dict: Any, ndim: int) -> tuple[Any, int]:
+    """``(data, length)`` of a tensor storage's state dict, checked; raises the typed errors of
+    :meth:`TensorStorage.load_state_dict`."""
+    if not isinstance(state_dict, dict):
+        raise StateDictError(f"storage state: expected a dict, got {type(state_dict).__name__}")
+    for key in ("_storage", "_len"):
+        if key not in state_dict:
+            raise StateDictKeyError(f"storage state: missing key {key!r} (expected the keys of state_dict())")
+    data, length = state_dict["_storage"], state_dict["_len"]
+    if isinstance(length, torch.Tensor) and length.ndim == 0 and not length.dtype.is_floating_point:
+        length = int(length)
+    if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
+        raise StateDictError(f"storage state: _len must be an int >= 0, got {length!r}")
+    if data is None:
+        if length:
+            raise StateDictError(f"storage state: _len is {length} but the state holds no data (expected 0)")
+        return None, 0
+    try:
+        held = leading_shape(data, ndim).numel()
+    except GpubufError as err:
+        raise StateDictError(f"storage state: _storage holds no tensors ({err})") from None
+    if length > held:
+        raise StateDictError(f"storage state: _len is {length}, more than the {held} items the data holds")
+    return data, int(length)
+
+
+def _unaliased(leaves: list[torch.Tensor], stores: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``leaves``, with a copy of each one whose memory overlaps one of the storage's ``stores``.
+
+    A batch read from the buffer itself (``rb.extend(rb[0:10])``) may be a view of the rows it is
+    about to overwrite: copied first, a write that wraps never reads a row it already changed.
+    Compares address ranges only (metadata: no data is read, no device synchronisation).
+    """
+    spans = [_span(store) for store in stores]
+    out = []
+    for leaf in leaves:
+        lo, hi = _span(leaf)
+        overlaps = any(lo < s_hi and s_lo < hi for s_lo, s_hi in spans) and hi > lo
+        out.append(leaf.clone() if overlaps else leaf)
+    return out
+
+
+def _span(tensor: torch.Tensor) -> tuple[int, int]:
+    """The byte range ``[lo, hi)`` of the memory a tensor's storage occupies."""
+    storage = tensor.untyped_storage()
+    lo = storage.data_ptr()
+    return lo, lo + storage.nbytes()
 
     def get(self, indices: Any) -> Any:
         """Reads the items at ``indices`` (TorchRL's parameter name; see :meth:`TensorStorage.get`)."""

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from gpubuf.storages.items import is_int
+from gpubuf.errors import StateDictError, StateDictKeyError
 
 
 class Writer:
@@ -59,8 +61,24 @@ class Writer:
         return {"_cursor": self._cursor, "_write_count": self._write_count}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._cursor = int(state_dict["_cursor"])
-        self._write_count = int(state_dict.get("_write_count", self._write_count))
+        """Restores the cursor and write count; the state is checked before either changes.
+
+        Raises:
+            StateDictKeyError: no ``_cursor``.
+            StateDictError: a cursor or write count that is not an int >= 0.
+        """
+        if not isinstance(state_dict, dict):
+            raise StateDictError(f"writer state: expected a dict, got {type(state_dict).__name__}")
+        if "_cursor" not in state_dict:
+            raise StateDictKeyError("writer state: missing key '_cursor' (expected the keys of state_dict())")
+        values = {"_cursor": state_dict["_cursor"], "_write_count": state_dict.get("_write_count", self._write_count)}
+        for key, value in values.items():
+            if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.dtype.is_floating_point:
+                value = values[key] = int(value)  # a compilable TorchRL writer keeps 0-d tensors
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise StateDictError(f"writer state: {key} must be an int >= 0, got {value!r}")
+        self._cursor = int(values["_cursor"])
+        self._write_count = int(values["_write_count"])
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(cursor={self._cursor}, write_count={self._write_count})"

@@ -7,7 +7,14 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase, is_tensorclass
 
-from gpubuf.errors import RankKeyError, RankValueError, SchemaMismatchError, UnsupportedDataError
+from gpubuf.errors import (
+    ComponentTypeError,
+    InvalidArgumentError,
+    RankKeyError,
+    RankValueError,
+    SchemaMismatchError,
+    UnsupportedDataError,
+)
 from gpubuf.storages._layout import is_tensor_collection
 from gpubuf.writers.base import Writer
 
@@ -47,8 +54,12 @@ class TensorDictMaxValueWriter(Writer):
 
     def __init__(self, rank_key: Any = None, reduction: str = "sum", **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if reduction not in _REDUCTIONS:
-            raise ValueError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+        if not isinstance(reduction, str) or reduction not in _REDUCTIONS:
+            raise InvalidArgumentError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+        if rank_key is not None and not _is_key(rank_key):
+            raise ComponentTypeError(
+                f"rank_key must be a str or a tuple of str (a nested key), got {rank_key!r} ({type(rank_key).__name__})"
+            )
         self._rank_key = ("next", "reward") if rank_key is None else rank_key
         self._reduction = reduction
         # The rank of the row in each slot, float64 on the CPU: ranking B + max_size numbers is
@@ -65,7 +76,7 @@ class TensorDictMaxValueWriter(Writer):
 
     def register_storage(self, storage: Any) -> None:
         if getattr(storage, "ndim", 1) > 1:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "TensorDictMaxValueWriter is not compatible with storages with more than one dimension: store each "
                 "trajectory as one row (ndim=1) so that its rank can be reduced"
             )
@@ -216,3 +227,10 @@ def _rows(data: Any, positions: torch.Tensor) -> Any:
 class NotATensorCollectionError(UnsupportedDataError, RuntimeError):
     """Data that is not a TensorDict or tensorclass given to a :class:`TensorDictMaxValueWriter`
     (also a RuntimeError, the class TorchRL raises there)."""
+
+
+def _is_key(key: Any) -> bool:
+    """Whether ``key`` is a TensorDict key: a str, or a non-empty tuple of str."""
+    if isinstance(key, str):
+        return True
+    return isinstance(key, tuple) and len(key) > 0 and all(isinstance(part, str) for part in key)

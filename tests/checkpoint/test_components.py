@@ -13,6 +13,7 @@ from ckpt_helpers import assert_same, make_items, same_batches, snapshot
 from tensordict import TensorDict
 
 from gpubuf import LazyTensorStorage, ListStorage, ReplayBuffer, SamplerWithoutReplacement
+from gpubuf.checkpoint.format import seal_meta
 from gpubuf.checkpoint import (
     CheckpointCorruptError,
     CheckpointMismatchError,
@@ -139,7 +140,7 @@ def test_corrupt_run_lengths_are_refused(tmp_path):
     meta_path = tmp_path / "c" / "meta.json"
     meta = json.loads(meta_path.read_text())
     meta["components"]["storage"]["state"]["compact"]["rows"] += 1
-    meta_path.write_text(json.dumps(meta))
+    meta_path.write_text(json.dumps(seal_meta(meta)))  # a checkpoint as that machine wrote it
     with pytest.raises(CheckpointCorruptError):
         ted_buffer(NestedStorageCheckpointer()).loads(tmp_path / "c")
 
@@ -361,7 +362,7 @@ def test_prioritized_mismatch_and_corrupt_tree(tmp_path):
     meta_path = tmp_path / "c" / "meta.json"
     meta = json.loads(meta_path.read_text())
     meta["components"]["sampler"]["state"]["alpha"] = -1
-    meta_path.write_text(json.dumps(meta))
+    meta_path.write_text(json.dumps(seal_meta(meta)))  # sealed: the value check itself refuses it
     target = _prio_buffer()
     before = snapshot(target)
     with pytest.raises(CheckpointCorruptError):
@@ -449,7 +450,7 @@ def test_checkpoint_from_a_gpu_machine_loads_on_the_cpu(tmp_path):
     meta = json.loads(meta_path.read_text())
     meta["components"]["storage"]["state"]["device"] = "cuda:7"
     meta["buffer"]["rng"]["device"] = "cuda:7"
-    meta_path.write_text(json.dumps(meta))
+    meta_path.write_text(json.dumps(seal_meta(meta)))  # a checkpoint as that machine wrote it
     if torch.cuda.device_count() > 7:
         pytest.skip("this machine has a cuda:7")
     fresh = ReplayBuffer(storage=LazyTensorStorage(8, device="auto"), batch_size=2)

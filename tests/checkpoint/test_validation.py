@@ -29,6 +29,7 @@ from gpubuf.checkpoint import (
     UnserializableDataError,
 )
 from gpubuf.errors import GpubufError
+from gpubuf.checkpoint.format import seal_meta
 
 
 class _Boom:
@@ -80,7 +81,8 @@ def _meta(path: Path) -> dict:
 
 
 def _write_meta(path: Path, meta: dict) -> None:
-    (path / "meta.json").write_text(json.dumps(meta))
+    # Sealed again, so that each edit reaches the check it is meant for (the digest catches any).
+    (path / "meta.json").write_text(json.dumps(seal_meta(meta)))
 
 
 def _biggest_file(path: Path) -> Path:

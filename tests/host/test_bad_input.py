@@ -156,11 +156,10 @@ def test_batch_that_cannot_be_moved_to_explicit_device():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised where CUDA is absent")
-def test_cuda_storage_without_cuda_is_refused_before_writing():
-    rb = ReplayBuffer(storage=LazyTensorStorage(10, device="cuda"))
+def test_cuda_storage_without_cuda_is_refused_at_construction():
+    # As TorchRL: the storage is refused where it is made, not at the first write.
     with pytest.raises(DeviceMismatchError, match="CUDA is not available"):
-        rb.extend(torch.zeros(3))
-    assert len(rb) == 0 and rb.write_count == 0 and not rb.storage.initialized
+        LazyTensorStorage(10, device="cuda")
 
 
 @pytest.mark.parametrize("storage", [lambda: LazyTensorStorage(10), lambda: ListStorage(10)])
