@@ -31,6 +31,7 @@ from gpubuf.buffers.offline_to_online import OfflineToOnlineReplayBuffer, prefil
 from gpubuf.buffers.sample_units import SampleUnit, Sequence, Transition
 from gpubuf.buffers.scheduler import LambdaScheduler, LinearScheduler, ParameterScheduler, SchedulerList, StepScheduler
 from gpubuf.samplers.deprecated import InPlaceSampler
+from gpubuf.distributed import MinSize, RayReplayBuffer, RemoteTensorDictReplayBuffer, SampleToInsertRatio, ShardedReplayBuffer
 from gpubuf.utils import DEFAULT_DONE_KEYS, find_start_stop_traj, pin_memory_output, stack_tensors
 from gpubuf.samplers import (
     ConsumingSampler,
@@ -83,6 +84,11 @@ Sampler._checkpoint_io = Writer._checkpoint_io = (_dump_component, _load_compone
 
 __all__ = [
     "errors",
+    "RayReplayBuffer",
+    "RemoteTensorDictReplayBuffer",
+    "ShardedReplayBuffer",
+    "SampleToInsertRatio",
+    "MinSize",
     "ReplayBuffer",
     "TensorDictReplayBuffer",
     "PrioritizedReplayBuffer",

@@ -566,6 +566,10 @@ class LazyTensorStorage(TensorStorage):
             # Rows held in memory: a capacity beyond the device's bytes cannot work for any item.
             check_fits_memory(self.max_size, self.device, f"{type(self).__name__}({self.max_size:,})")
 
+    def get(self, indices: Any) -> Any:
+        """Reads the items at ``indices`` (TorchRL's parameter name; see :meth:`TensorStorage.get`)."""
+        return super().get(indices)
+
 
 def _check_state(state_dict: Any, ndim: int) -> tuple[Any, int]:
     """``(data, length)`` of a tensor storage's state dict, checked; raises the typed errors of
@@ -614,10 +618,6 @@ def _span(tensor: torch.Tensor) -> tuple[int, int]:
     storage = tensor.untyped_storage()
     lo = storage.data_ptr()
     return lo, lo + storage.nbytes()
-
-    def get(self, indices: Any) -> Any:
-        """Reads the items at ``indices`` (TorchRL's parameter name; see :meth:`TensorStorage.get`)."""
-        return super().get(indices)
 
 
 __all__ = ["TensorStorage", "LazyTensorStorage"]
