@@ -41,6 +41,7 @@ from gpubuf.storages._layout import expand_as_batch, is_tensor_collection
 from gpubuf.storages.base import Storage, check_device, check_fits_memory
 from gpubuf.storages.list import ListStorage
 from gpubuf.storages.items import is_int
+from gpubuf.storages.tensor import TensorStorage
 from gpubuf.writers import RoundRobinWriter, Writer
 
 
