@@ -215,20 +215,25 @@ def test_the_torn_read_check_catches_a_read_torn_on_purpose():
 
 
 def test_torn_reads_never_returned_with_a_concurrent_writer():
-    # Rows hold the same value in "a" and "b"; a writer thread overwrites the whole buffer over
-    # and over, field by field. A batch read while a write is under way would mix generations.
-    # The reader takes a fixed number of batches (no deadline), so the outcome does not depend on
-    # how many generations a fast machine writes meanwhile.
+    # Rows hold the same value in "a" and "b"; a writer thread overwrites the whole buffer again
+    # and again, field by field, while batches are read ahead. A batch read while a write is under
+    # way would mix generations. The reader lets the writer start one more generation after each
+    # batch (so the writes land while the next batches are in flight), and takes a fixed number of
+    # batches: the outcome depends neither on how fast the machine is nor on which thread runs more.
     capacity = 64
     storage = LazyTensorStorage(capacity)
     rb = TensorDictReplayBuffer(storage=storage, batch_size=16, prefetch=3, generator=torch.Generator().manual_seed(0))
     rb.extend(_generation_rows(0, capacity))
     storage._gather = _SlowGather(storage, 0.001)
+    go = threading.Semaphore(0)
     stop = threading.Event()
 
     def writer():
         generation = 1
-        while not stop.is_set():
+        while True:
+            go.acquire()
+            if stop.is_set():
+                return
             rb.extend(_generation_rows(generation, capacity))
             generation += 1
 
@@ -237,8 +242,10 @@ def test_torn_reads_never_returned_with_a_concurrent_writer():
     try:
         for _ in range(300):
             _assert_not_torn(rb.sample())
+            go.release()
     finally:
         stop.set()
+        go.release()
         thread.join()
 
 
