@@ -183,7 +183,7 @@ def _nested_leaf(reader: _Reader, rel_dir: str, key: tuple, entry: dict, where: 
     if len(rows) != 2:
         raise CheckpointCorruptError(f"{where}: a nested tensor of {len(rows)} dims, expected [rows, dims]")
     reader.consumed.add(shapes_rel)
-    raw = read_file(reader.root, shapes_rel, {"nbytes": rows.numel() * 8, "crc32": None}, _NO_BAR)
+    raw = read_file(reader.root, shapes_rel, {"nbytes": rows.numel() * 8, "checksum": None}, _NO_BAR)
     shapes = raw.view(torch.int64).view(rows)
     if shapes.numel() and (int(shapes.min()) < 0 or bool((shapes[:, 1:] != shapes[:1, 1:]).any())):
         raise CheckpointCorruptError(f"{shapes_rel}: rows of negative or differing trailing shapes")

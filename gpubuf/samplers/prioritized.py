@@ -228,8 +228,9 @@ class PrioritizedSampler(Sampler):
         value = _check_exponent("alpha", value)
         old = self._alpha
         if value != old:
-            current = self._max_priority[0] if self._max_value.device.type == "cpu" else None
-            if self._max_value.device.type == "cpu" and not _transformed_fits(
+            on_host = not device_path(self._max_value, self._backend)
+            current = self._max_priority[0] if on_host else None
+            if on_host and not _transformed_fits(
                 1.0 if current is None else float(current), value, self._eps, self.dtype
             ):
                 raise PriorityError(
@@ -394,7 +395,7 @@ class PrioritizedSampler(Sampler):
         the host only: with a CUDA tree the maximum stays on the device (no synchronisation), and
         the update's own validation applies.
         """
-        if self._max_value.device.type != "cpu":
+        if device_path(self._max_value, self._backend):
             return  # reading the maximum would wait for the device
         current = self._max_priority[0]
         priority = 1.0 if current is None else float(current)

@@ -113,6 +113,11 @@ def stack_items(items: list) -> Any:
         spec = flat[0][1]
         if any(s != spec for _, s in flat):
             raise SchemaMismatchError("the items of the list do not share one pytree structure")
+        if not all(isinstance(leaf, torch.Tensor) for leaves, _ in flat for leaf in leaves):
+            raise UnsupportedDataError(
+                "a tensor storage holds tensors, TensorDicts, tensorclasses or pytrees of tensors; got a list of "
+                f"{type(first).__name__} holding other values. Use ListStorage for arbitrary Python objects"
+            )
         try:
             leaves = [torch.stack([f[0][i] for f in flat]) for i in range(len(flat[0][0]))]
         except (RuntimeError, TypeError) as err:

@@ -11,6 +11,7 @@ from gpubuf.errors import SchemaMismatchError
 from gpubuf.storages._layout import is_tensor_collection
 from gpubuf.storages.base import WriteCursor
 from gpubuf.storages.items import batch_length
+from gpubuf.storages.list import ListStorage
 from gpubuf.writers.base import Writer
 
 
@@ -165,7 +166,9 @@ class RoundRobinWriter(Writer):
         return self._replicate_index(index)
 
     def _write_at(self, index: Any, data: Any) -> None:
-        self._storage.set(index, data, set_cursor=False)
+        # A list grows by appending at its end (set_cursor=True allows exactly that); a tensor
+        # storage's length is kept by write_at itself.
+        self._storage.set(index, data, set_cursor=isinstance(self._storage, ListStorage))
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

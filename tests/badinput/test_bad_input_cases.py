@@ -265,7 +265,7 @@ def test_lazy_tensor_storage_larger_than_memory_is_refused():
 
 
 def test_first_write_whose_rows_exceed_memory_is_refused_before_allocating():
-    from gpubuf.storages.base import device_memory_bytes
+    from gpubuf.storages.checks import device_memory_bytes
 
     total = device_memory_bytes(torch.device("cpu"))
     rb = ReplayBuffer(storage=LazyTensorStorage(total // 8))  # one byte per item fits; 64 do not

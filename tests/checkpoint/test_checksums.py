@@ -8,6 +8,8 @@ import zlib
 from pathlib import Path
 
 import pytest
+
+from gpubuf.checkpoint.format import DIGEST_KEY, seal_meta
 import torch
 import xxhash
 from ckpt_helpers import assert_same, snapshot
@@ -121,7 +123,7 @@ def test_an_edited_checksum_in_meta_json_is_refused(ckpt, tmp_path, value):
     meta = _meta(path)
     rel = max(meta["files"], key=lambda r: meta["files"][r]["nbytes"])
     meta["files"][rel]["xxh3_64"] = value
-    (path / "meta.json").write_text(json.dumps(meta))
+    (path / "meta.json").write_text(json.dumps(seal_meta(meta)))  # sealed: the checksum check is what refuses it
     rb = _target("tensor", tmp_path)
     before = snapshot(rb)
     with pytest.raises(CheckpointCorruptError):
@@ -134,7 +136,7 @@ def test_a_missing_checksum_field_is_refused(ckpt, tmp_path):
     meta = _meta(path)
     for entry in meta["files"].values():
         del entry["xxh3_64"]
-    (path / "meta.json").write_text(json.dumps(meta))
+    (path / "meta.json").write_text(json.dumps(seal_meta(meta)))  # sealed: the checksum check is what refuses it
     with pytest.raises(CheckpointCorruptError, match="xxh3_64"):
         _target("tensor", tmp_path).loads(path)
 
@@ -143,6 +145,7 @@ def _as_version_1(path: Path, *, corrupt: bool = False) -> None:
     """Rewrites a checkpoint as format version 1 wrote it: CRC-32 checksums as integers."""
     meta = _meta(path)
     meta["version"] = 1
+    meta.pop(DIGEST_KEY, None)  # version 1 wrote no digest of meta.json
     for rel, entry in meta["files"].items():
         crc = zlib.crc32((path / rel).read_bytes())
         del entry["xxh3_64"]
