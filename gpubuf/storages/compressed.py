@@ -373,14 +373,19 @@ class CompressedListStorage(ListStorage):
         return self._rows._rand_given_ndim(batch_size)
 
     def _corrupt(self, err: CorruptRowError, index: torch.Tensor) -> CorruptRowError:
-        """``err`` (naming frames) as the error naming the storage rows of ``index`` that use them."""
-        refs = self._rows._refs.index_select(1, index.to(self._rows._refs.device))  # [J, B, S] frame numbers
-        if err.rows:
-            bad = torch.tensor(err.rows, dtype=refs.dtype, device=refs.device)
-            hit = torch.isin(refs, bad).flatten(2).any(2).any(0)
-            named = sorted(set(index.to(hit.device)[hit].tolist())) or sorted(set(index.tolist()))
+        """``err`` as the error naming the storage rows of ``index`` whose frames failed.
+
+        The rows' storage decodes the frame slots of ``index`` as one flat ``[J, B, S]`` read
+        (stacked leaf, row, stack position), and ``err.rows`` are positions in it.
+        """
+        J, _, S = self._rows._refs.shape
+        rows = index.reshape(-1).cpu()
+        B = rows.numel()
+        positions = [p for p in err.rows if 0 <= p < J * B * S]
+        if positions:
+            named = sorted(set(rows[(torch.tensor(positions) // S) % B].tolist()))
         else:
-            named = sorted(set(index.tolist()))
+            named = sorted(set(rows.tolist()))
         return CorruptRowError(f"stored row(s) {named} of {type(self).__name__} failed to decode: {err}", rows=named)
 
     # ------------------------------------------------------------------ reading
