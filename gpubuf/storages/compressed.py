@@ -54,6 +54,7 @@ from gpubuf.errors import (
     UnsupportedDataError,
 )
 from gpubuf.storages._layout import Layout, is_tensor_collection
+from gpubuf.codec.store import RowStore
 from gpubuf.storages.frame_stack import FrameStackStorage
 from gpubuf.storages.items import is_int
 from gpubuf.storages.list import ListStorage
@@ -63,6 +64,25 @@ from gpubuf.storages.list import ListStorage
 _MISFIT = (SchemaMismatchError, DTypeMismatchError, UnsupportedDataError)
 
 __all__ = ["CompressedListStorage"]
+
+
+class _FrameRows(FrameStackStorage):
+    """The rows mode's storage: a :class:`FrameStackStorage` sized for its first batch.
+
+    A frame stack storage starts with frame slots for about two frames per row and renumbers
+    (compacts) its frames when a batch could overflow them, which a first ``extend`` of many
+    rows always does, though nothing is stored yet. Here an empty storage is given the slots
+    the batch may need instead, with no compaction.
+    """
+
+    def _write_encoded(self, ids: torch.Tensor, leaves: list[torch.Tensor], sequential: bool) -> None:
+        slots = ids.numel() * len(leaves) * self._stack
+        if self._n_frames == 0 and slots > self._frames.rows:
+            device = self._refs.device
+            self._frames = RowStore(self._frame_geometry, slots, device, with_refs=True)
+            self._age = torch.zeros(slots, dtype=torch.int32, device=device)
+            self._tail = None
+        super()._write_encoded(ids, leaves, sequential)
 
 
 class CompressedListStorage(ListStorage):
@@ -109,7 +129,7 @@ class CompressedListStorage(ListStorage):
         self._storage: list = []
         self._metadata: list = []
         # The rows mode's storage, or None on the item path (and before the first write).
-        self._rows: FrameStackStorage | None = None
+        self._rows: _FrameRows | None = None
 
     # ------------------------------------------------------------------ mode
     @property
@@ -125,7 +145,7 @@ class CompressedListStorage(ListStorage):
             and self.decompression_fn == self._default_decompression_fn
         )
 
-    def _rows_for(self, data: Any, leading: int) -> FrameStackStorage | None:
+    def _rows_for(self, data: Any, leading: int) -> _FrameRows | None:
         """The rows-mode storage for a first write of ``data``, or None when it takes the item path."""
         if not self._default_functions() or not (isinstance(data, torch.Tensor) or isinstance(data, TensorDictBase)):
             return None
@@ -139,7 +159,7 @@ class CompressedListStorage(ListStorage):
         if not keys or frames[0].shape.numel() == 0:
             return None
         device = "cpu" if self.device is None else self.device
-        return FrameStackStorage(self.max_size, stack_keys=keys, device=device)
+        return _FrameRows(self.max_size, stack_keys=keys, device=device)
 
     def _start(self, data: Any, leading: int) -> None:
         """Chooses the mode at the first write."""
@@ -508,7 +528,7 @@ class CompressedListStorage(ListStorage):
             SchemaMismatchError: the state does not fit this storage (another capacity or layout).
         """
         device = "cpu" if self.device is None else self.device
-        rows = FrameStackStorage(
+        rows = _FrameRows(
             self.max_size, stack_keys=[tuple(k) for k in state["stack_keys"]], key_interval=int(state["key_interval"]),
             device=device,
         )
