@@ -46,6 +46,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from gpubuf.codec.store import RowStore
 from gpubuf.errors import (
     CorruptRowError,
     DTypeMismatchError,
@@ -54,7 +55,6 @@ from gpubuf.errors import (
     UnsupportedDataError,
 )
 from gpubuf.storages._layout import Layout, is_tensor_collection
-from gpubuf.codec.store import RowStore
 from gpubuf.storages.frame_stack import FrameStackStorage
 from gpubuf.storages.items import is_int
 from gpubuf.storages.list import ListStorage
