@@ -201,3 +201,19 @@ def test_state_dict_is_torchrl_format(rows):
     for i in range(12):
         _same(theirs.get(i), rows[i])
         _same(mine.get(i), rows[i])
+
+
+def test_tensordict_buffers_sample_rows_mode(rows):
+    import gpubuf
+
+    for cls, kwargs in ((gpubuf.TensorDictReplayBuffer, {}), (gpubuf.TensorDictPrioritizedReplayBuffer, {"alpha": 0.7, "beta": 0.5})):
+        storage = CompressedListStorage(max_size=300)
+        rb = cls(storage=storage, batch_size=16, **kwargs)
+        rb.extend(rows[:100].clone())
+        assert storage.mode == "rows"
+        batch = rb.sample()
+        index = batch["index"]
+        _same(batch.exclude("index", *[k for k in batch.keys() if k not in rows.keys()]), rows[index])
+        if kwargs:
+            batch.set("td_error", torch.rand(16))
+            rb.update_tensordict_priority(batch)
