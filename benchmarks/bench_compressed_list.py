@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -98,6 +99,9 @@ def main(argv: list[str] | None = None) -> dict:
         "repeats": args.repeats,
         "gpubuf_warmup_s": warm,
         "environment": environment(torch.device("cpu"), torch.get_num_threads()),
+        # Idle OpenMP workers spin (ACTIVE, libgomp's default for a while) or sleep (PASSIVE): on a
+        # busy machine with few cores, spinning workers delay every small parallel torch op.
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "providers": {},
     }
     for name, rs in runs.items():
