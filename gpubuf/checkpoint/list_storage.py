@@ -67,17 +67,40 @@ class ListStorageCheckpointer(StorageCheckpointerBase):
 
 
 class CompressedListStorageCheckpointer(StorageCheckpointerBase):
-    """Writes a ``CompressedListStorage`` from its ``state_dict()`` (compressed byte tensors and
-    their metadata), through :mod:`gpubuf.checkpoint.values`: no pickle, unlike ``torch.save``."""
+    """Writes a ``CompressedListStorage`` through :mod:`gpubuf.checkpoint.values` (no pickle,
+    unlike ``torch.save``).
+
+    On the item path: its ``state_dict()`` (compressed byte tensors and their metadata). In rows
+    mode: its rows as stored (``rows_state()``: encoded frames, references, raw leaves), under
+    ``{"mode": "rows", "rows": ...}``; nothing is recompressed either way.
+    """
 
     name = "compressed_list_storage"
 
     def to_checkpoint(self, storage: Any, context: Context) -> tuple[dict, dict]:
-        state, arrays = StateDictCodec().to_checkpoint(storage, context)
-        return state, arrays
+        rows_state = getattr(storage, "rows_state", None)
+        rows = rows_state() if callable(rows_state) else None
+        if rows is None:
+            return StateDictCodec().to_checkpoint(storage, context)
+        encoder, arrays = Encoder.collecting("r")
+        return {"mode": "rows", "rows": encoder.encode(rows, "rows state")}, arrays
 
     def from_checkpoint(self, storage: Any, state: dict, arrays: Mapping[str, Any], context: Context) -> Apply:
-        return StateDictCodec().from_checkpoint(storage, state, arrays, context)
+        if not (isinstance(state, dict) and state.get("mode") == "rows"):
+            return StateDictCodec().from_checkpoint(storage, state, arrays, context)
+        if not callable(getattr(storage, "load_rows_state", None)):
+            raise CheckpointMismatchError(
+                f"the checkpoint holds a compressed list storage's rows, the buffer's storage is a {type(storage).__name__}"
+            )
+        value = Decoder(lambda name: _array(arrays, name)).decode(state.get("rows"), "rows state")
+        if not isinstance(value, dict) or not {"stack_keys", "key_interval", "len", "rows"} <= value.keys():
+            raise CheckpointCorruptError("compressed list storage: the rows state lacks entries")
+        shadow, apply = shadow_of(storage)
+        try:
+            shadow.load_rows_state(value)
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
+            raise CheckpointMismatchError(f"{type(storage).__name__} refused the saved rows: {err}") from err
+        return apply
 
 
 register_codec("gpubuf.storages.list.ListStorage", ListStorageCheckpointer)

@@ -1,14 +1,31 @@
-"""``CompressedListStorage``: TorchRL's list storage of items compressed one by one on the host.
+"""``CompressedListStorage``: TorchRL's compressed list storage, with a fast path for stacked frames.
 
-A drop-in for ``torchrl.data.CompressedListStorage`` (same arguments, defaults and behaviour):
-each item is compressed when written (zlib at ``compression_level``, or zstd from Python 3.14
-on, as TorchRL does; or the given ``compression_fn``) and decompressed when read. It keeps
-arbitrary items and any custom codec working; for image observations on a GPU see
-:class:`~gpubuf.storages.codec_storage.CompressedTensorStorage` and
-:class:`~gpubuf.storages.frame_stack.FrameStackStorage`, which compress on the device and decode
-inside the sampling gather.
+A drop-in for ``torchrl.data.CompressedListStorage`` (same arguments and defaults). It stores
+items in one of two modes, chosen at the first write:
 
-Behaviour kept from TorchRL, on purpose:
+- **rows** (the default functions, and a tensor or TensorDict whose leaves include stacked
+  ``uint8`` frames, item shape ``[S, H, W]``): the storage keeps its rows in a
+  :class:`~gpubuf.storages.frame_stack.FrameStackStorage`: a batch is encoded at once on
+  ``extend``, each distinct frame is stored once, and a sample decodes only its rows (with the
+  Triton kernel when ``device`` is CUDA). The other leaves are kept raw: they are a few bytes per
+  row. Reads return what the item path returns, bit for bit.
+- **items** (a custom ``compression_fn`` / ``decompression_fn``, non-tensor items, lists of
+  items): TorchRL's path, each item compressed on its own (zlib at ``compression_level``, or
+  zstd from Python 3.14 on).
+
+A write in rows mode that does not fit the rows' layout (another key, dtype or shape, or an
+item that is not a tensor collection) moves the storage to the item path first: every stored
+row is decoded and compressed as an item, then the write proceeds there. Nothing is lost; later
+writes stay on the item path. ``_empty`` forgets the mode.
+
+``state_dict`` has TorchRL's format (``{"_storage": [...], "_metadata": [...]}``) in both modes
+(in rows mode the rows are compressed item by item to make it), and ``load_state_dict`` of
+that format gives the item path. gpubuf checkpoints of rows mode keep the rows as they are.
+
+A compressed row or item that fails to decode (a zlib error, a wrong decompressed size, a row
+failing its checksum) raises :class:`~gpubuf.errors.CorruptRowError` naming the row.
+
+Behaviour kept from TorchRL on the item path, on purpose:
 
 - a tensor item is compressed whole; a TensorDict item has each top-level tensor compressed on
   its own, and any other top-level entry (including a nested TensorDict such as ``"next"``)
@@ -23,13 +40,16 @@ from __future__ import annotations
 
 import sys
 from copy import deepcopy
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
 from gpubuf.errors import (
+    CorruptRowError,
+    DTypeMismatchError,
+    IndexOutOfRangeError,
     InvalidIndexError,
     SchemaMismatchError,
     StateDictError,
@@ -37,15 +57,43 @@ from gpubuf.errors import (
     UnsupportedDataError,
     WritePositionError,
 )
-from gpubuf.storages._layout import is_tensor_collection
-from gpubuf.storages.list import ListStorage
+from gpubuf.storages._layout import Layout, is_tensor_collection
+from gpubuf.storages._row_store import RowStore
+from gpubuf.storages.frame_stack import FrameStackStorage
 from gpubuf.storages.items import is_int
+from gpubuf.storages.list import ListStorage
+
+#: Errors by which the rows' storage refuses a write that does not fit its layout (raised
+#: before anything is written).
+_MISFIT = (SchemaMismatchError, DTypeMismatchError, UnsupportedDataError)
 
 __all__ = ["CompressedListStorage"]
 
 
+class _FrameRows(FrameStackStorage):
+    """The rows mode's storage: a :class:`FrameStackStorage` sized for its first batch.
+
+    A frame stack storage starts with frame slots for about two frames per row and renumbers
+    (compacts) its frames when a batch could overflow them, which a first ``extend`` of many
+    rows always does, though nothing is stored yet. Here an empty storage is given the slots
+    the batch may need instead, with no compaction.
+    """
+
+    def _write_encoded(self, ids: torch.Tensor, leaves: list[torch.Tensor], sequential: bool) -> None:
+        slots = ids.numel() * len(leaves) * self._stack
+        if self._n_frames == 0 and slots > self._frames.rows:
+            device = self._refs.device
+            self._frames = RowStore(self._frame_geometry, slots, device, with_refs=True)
+            self._age = torch.zeros(slots, dtype=torch.int32, device=device)
+            self._tail = None
+        super()._write_encoded(ids, leaves, sequential)
+
+
 class CompressedListStorage(ListStorage):
     """A list storage that compresses every item on write and decompresses it on read.
+
+    With the default functions, batches of stacked ``uint8`` frames take the rows mode (see
+    the module docstring): frame dedup, batched encode, decode of the sampled rows only.
 
     Args:
         max_size: capacity in items.
@@ -56,7 +104,8 @@ class CompressedListStorage(ListStorage):
         decompression_fn: ``(uint8 tensor, metadata) -> tensor``; ``metadata`` holds the item's
             ``shape``, ``dtype`` and ``device``. Defaults to the inverse of the default.
         compression_level: level of the default compression (default 3).
-        device: where written items are moved before compression (default ``"cpu"``).
+        device: where written items are moved before compression (default ``"cpu"``); in rows
+            mode, where rows are encoded, kept and decoded (``"cuda"``: on the GPU).
         compilable: accepted for TorchRL compatibility.
 
     Examples:
@@ -83,6 +132,55 @@ class CompressedListStorage(ListStorage):
         self.decompression_fn = self._default_decompression_fn if decompression_fn is None else decompression_fn
         self._storage: list = []
         self._metadata: list = []
+        # The rows mode's storage, or None on the item path (and before the first write).
+        self._rows: _FrameRows | None = None
+
+    # ------------------------------------------------------------------ mode
+    @property
+    def mode(self) -> str | None:
+        """``"rows"`` (stacked frames, batched codec), ``"items"`` (TorchRL's path) or None before the first write."""
+        if self._rows is not None:
+            return "rows"
+        return "items" if self._storage else None
+
+    def _default_functions(self) -> bool:
+        return (
+            self.compression_fn == self._default_compression_fn
+            and self.decompression_fn == self._default_decompression_fn
+        )
+
+    def _rows_for(self, data: Any, leading: int) -> _FrameRows | None:
+        """The rows-mode storage for a first write of ``data``, or None when it takes the item path."""
+        if not self._default_functions() or not (isinstance(data, torch.Tensor) or isinstance(data, TensorDictBase)):
+            return None
+        try:
+            layout = Layout.from_batch(data, leading=leading)
+        except (SchemaMismatchError, UnsupportedDataError, TypeError, ValueError):
+            return None
+        frames = [spec for spec in layout.leaves if spec.dtype == torch.uint8 and len(spec.shape) == 3]
+        # Stacked leaves share one shape in the rows' storage; the others stay raw.
+        keys = [spec.key for spec in frames if frames and spec.shape == frames[0].shape]
+        if not keys or frames[0].shape.numel() == 0:
+            return None
+        device = "cpu" if self.device is None else self.device
+        return _FrameRows(self.max_size, stack_keys=keys, device=device)
+
+    def _start(self, data: Any, leading: int) -> None:
+        """Chooses the mode at the first write."""
+        if self._rows is None and not self._storage:
+            self._rows = self._rows_for(data, leading)
+
+    def _to_items(self) -> None:
+        """Leaves rows mode: every stored row is decoded and compressed as an item."""
+        rows, self._rows = self._rows, None
+        n = len(rows)
+        self._storage, self._metadata = [], []
+        if n:
+            batch = rows.get(torch.arange(n, device=rows.device))
+            for item in batch.unbind(0):
+                compressed, metadata = self._compress_item(self._to_device(item))
+                self._storage.append(compressed)
+                self._metadata.append(metadata)
 
     # ------------------------------------------------------------------ codec
     @staticmethod
@@ -102,10 +200,23 @@ class CompressedListStorage(ListStorage):
         return torch.frombuffer(bytearray(packed), dtype=torch.uint8)
 
     def _default_decompression_fn(self, compressed_tensor: torch.Tensor, metadata: dict) -> torch.Tensor:
-        """Inverse of the default compression; the tensor comes back on ``metadata["device"]``."""
+        """Inverse of the default compression; the tensor comes back on ``metadata["device"]``.
+
+        Raises:
+            CorruptRowError: the bytes do not decompress, or not to the item's size.
+        """
         _, decompress = self._codec()
-        raw = decompress(self.to_bytestream(compressed_tensor.cpu()))
-        tensor = torch.frombuffer(bytearray(raw), dtype=metadata["dtype"]).reshape(metadata["shape"])
+        try:
+            raw = decompress(self.to_bytestream(compressed_tensor.cpu()))
+        except Exception as err:  # zlib.error, or zstd's ZstdError
+            raise CorruptRowError(f"compressed bytes do not decompress ({err})") from err
+        dtype, shape = metadata["dtype"], torch.Size(metadata["shape"])
+        expected = shape.numel() * torch.empty((), dtype=dtype).element_size()
+        if len(raw) != expected:
+            raise CorruptRowError(
+                f"compressed bytes decompress to {len(raw)} bytes, expected {expected} ({dtype}{list(shape)})"
+            )
+        tensor = torch.frombuffer(bytearray(raw), dtype=dtype).reshape(shape) if raw else torch.empty(shape, dtype=dtype)
         return tensor.to(metadata["device"])
 
     def _compress_item(self, item: Any) -> tuple[Any, dict]:
@@ -152,6 +263,10 @@ class CompressedListStorage(ListStorage):
         self._storage[cursor] = compressed
         self._metadata[cursor] = metadata
 
+    @staticmethod
+    def _single(cursor: Any) -> bool:
+        return is_int(cursor) or (isinstance(cursor, (torch.Tensor, np.ndarray)) and cursor.ndim == 0)
+
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         """Writes one item at an int cursor, items at a slice, or one item per index of a sequence.
 
@@ -165,6 +280,13 @@ class CompressedListStorage(ListStorage):
             UnsupportedDataError: a sequence cursor with data that is not a sequence of items.
             SchemaMismatchError: as many items as positions are expected.
         """
+        if self._rows is None and not self._storage:
+            self._start(data, 0 if self._single(cursor) else 1)
+        if self._rows is not None:
+            try:
+                return self._set_rows(cursor, data)
+            except _MISFIT:
+                self._to_items()
         if is_int(cursor) or (isinstance(cursor, (torch.Tensor, np.ndarray)) and cursor.ndim == 0):
             positions, items = [int(cursor)], [data]
         elif isinstance(cursor, slice):
@@ -212,8 +334,59 @@ class CompressedListStorage(ListStorage):
             self._storage[cursor] = compressed
             self._metadata[cursor] = metadata
 
+    def _check_cursor(self, cursor: int, size: int) -> None:
+        if cursor > size:
+            raise WritePositionError(
+                "Cannot append data located more than one item away from the storage size: the storage size is "
+                f"{size} and the index of the item to be set is {cursor}."
+            )
+        if cursor >= self.max_size:
+            raise WritePositionError(
+                f"Cannot append data to the list storage: maximum capacity is {self.max_size} and the index of the "
+                f"item to be set is {cursor}."
+            )
+
+    def _set_rows(self, cursor: Any, data: Any) -> None:
+        """:meth:`set` in rows mode: TorchRL's cursor rules, then one batched write."""
+        rows = self._rows
+        size = len(rows)
+        if self._single(cursor):
+            cursor = int(cursor)
+            positions = [cursor + size if cursor < 0 else cursor]
+        else:
+            if isinstance(cursor, slice):
+                positions = list(range(*cursor.indices(size)))
+                count = data.shape[0] if isinstance(data, torch.Tensor) else data.batch_size[0]
+                positions, data = positions[:count], data[: len(positions)]
+            else:
+                positions = cursor.tolist() if isinstance(cursor, (torch.Tensor, np.ndarray)) else list(cursor)
+            if not (isinstance(data, torch.Tensor) or isinstance(data, TensorDictBase)):
+                raise UnsupportedDataError(f"a {type(data).__name__} is not a batch of this storage's rows")
+            if len(data) != len(positions):
+                raise ValueError(f"got {len(data)} items for {len(positions)} indices")
+        if not positions:
+            return
+        grown = size
+        for c in positions:
+            if c < 0:
+                raise IndexOutOfRangeError(f"index {c} is out of range for a storage of length {size}")
+            self._check_cursor(c, grown)
+            grown = max(grown, c + 1)
+        if self._single(cursor):
+            rows.set(positions[0], data, set_cursor=False)
+        else:
+            rows.set(torch.tensor(positions, dtype=torch.int64), data, set_cursor=False)
+        rows._len = grown
+
     def _write_rows(self, start: int, data: Any) -> int:
         """Round-robin write of a batch of items from ``start`` (the writers' path)."""
+        if self._rows is None and not self._storage:
+            self._start(data, 1)
+        if self._rows is not None:
+            try:
+                return self._rows._write_rows(start, data)
+            except _MISFIT:
+                self._to_items()
         items = self._as_items(data)
         n = len(items)
         cap = self.max_size
@@ -228,36 +401,113 @@ class CompressedListStorage(ListStorage):
             self._place(cursor, value, metadata)
         return n
 
+    # ------------------------------------------------------------------ the protocol, in rows mode
+    @property
+    def layout(self) -> Any:
+        """The rows' layout in rows mode; None on the item path (reads then go through :meth:`get`)."""
+        return None if self._rows is None else self._rows.layout
+
+    def _flat_index(self, index: Any) -> Any:
+        return index if self._rows is None else self._rows._flat_index(index)
+
+    def _gather(self, index: Any, skip: int | None = None) -> list:
+        if self._rows is None:
+            return super()._gather(index, skip)
+        try:
+            return self._rows._gather(index, skip)
+        except CorruptRowError as err:
+            raise self._corrupt(err, index) from err
+
+    def _build(self, leaves: list, lead: Sequence[int], *, device: torch.device | None = None) -> Any:
+        if self._rows is None:
+            return super()._build(leaves, lead, device=device)
+        return self._rows._build(leaves, lead, device=device)
+
+    def _rand_given_ndim(self, batch_size: int) -> torch.Tensor:
+        if self._rows is None:
+            return super()._rand_given_ndim(batch_size)
+        return self._rows._rand_given_ndim(batch_size)
+
+    def _corrupt(self, err: CorruptRowError, index: torch.Tensor) -> CorruptRowError:
+        """``err`` as the error naming the storage rows of ``index`` whose frames failed.
+
+        The rows' storage decodes the frame slots of ``index`` as one flat ``[J, B, S]`` read
+        (stacked leaf, row, stack position), and ``err.rows`` are positions in it.
+        """
+        J, _, S = self._rows._refs.shape
+        rows = index.reshape(-1).cpu()
+        B = rows.numel()
+        positions = [p for p in err.rows if 0 <= p < J * B * S]
+        if positions:
+            named = sorted(set(rows[(torch.tensor(positions) // S) % B].tolist()))
+        else:
+            named = sorted(set(rows.tolist()))
+        return CorruptRowError(f"stored row(s) {named} of {type(self).__name__} failed to decode: {err}", rows=named)
+
     # ------------------------------------------------------------------ reading
     def _get_item(self, index: int) -> Any:
         if index < 0:
             index += len(self._storage)
         if not 0 <= index < len(self._storage) or self._storage[index] is None:
             raise IndexError(f"Index {index} out of bounds or not set")
-        return self._decompress_item(self._storage[index], self._metadata[index])
+        try:
+            return self._decompress_item(self._storage[index], self._metadata[index])
+        except CorruptRowError as err:
+            raise CorruptRowError(f"item {index} of {type(self).__name__} is corrupt: {err}", rows=[index]) from err
+
+    def _get_rows(self, index: Any) -> Any:
+        """:meth:`get` in rows mode: an item for an int, a list of items otherwise, as TorchRL returns."""
+        size = len(self._rows)
+        single = self._single(index)
+        if single:
+            positions = [int(index)]
+        elif isinstance(index, slice):
+            positions = list(range(size))[index]
+        else:
+            positions = index.tolist() if isinstance(index, (torch.Tensor, np.ndarray)) else list(index)
+        for i in positions:
+            if not -size <= i < size:
+                raise IndexOutOfRangeError(f"Index {i} out of bounds or not set (the storage holds {size} items)")
+        if not positions:
+            return []
+        rows = torch.tensor([i + size if i < 0 else i for i in positions], dtype=torch.int64, device=self._rows.device)
+        batch = self._build(self._gather(rows), [rows.numel()])
+        return batch[0] if single else list(batch.unbind(0))
 
     def get(self, index: Any) -> Any:
-        """Returns one item for an int, a list of items otherwise (the buffer stacks them)."""
+        """Returns one item for an int, a list of items otherwise (the buffer stacks them).
+
+        Raises:
+            IndexError: an index out of range, or of an item not set.
+            CorruptRowError: a stored row or item does not decode; names it.
+        """
+        if isinstance(index, tuple):
+            if len(index) > 1:
+                raise RuntimeError(f"{type(self).__name__} can only be indexed with one-length tuples.")
+            return self.get(index[0])
+        if self._rows is not None:
+            return self._get_rows(index)
         if is_int(index):
             return self._get_item(int(index))
         if isinstance(index, slice):
             start, stop, step = index.indices(len(self._storage))
             return [self._get_item(i) for i in range(start, stop, step) if self._storage[i] is not None]
-        if isinstance(index, tuple):
-            if len(index) > 1:
-                raise RuntimeError(f"{type(self).__name__} can only be indexed with one-length tuples.")
-            return self.get(index[0])
         if isinstance(index, (torch.Tensor, np.ndarray)):
             index = index.tolist()
         return [self._get_item(int(i)) for i in index]
 
     def __len__(self) -> int:
+        if self._rows is not None:
+            return len(self._rows)
         return sum(item is not None for item in self._storage)
 
     def contains(self, item: Any) -> Any:
         if isinstance(item, torch.Tensor) and item.ndim:
             return torch.tensor([self.contains(int(i)) for i in item.tolist()], dtype=torch.bool, device=item.device)
         item = int(item)
+        if self._rows is not None:
+            size = len(self._rows)
+            return -size <= item < size
         if item < 0:
             item += len(self._storage)
         return 0 <= item < len(self._storage) and self._storage[item] is not None
@@ -265,10 +515,25 @@ class CompressedListStorage(ListStorage):
     def _empty(self) -> None:
         self._storage = []
         self._metadata = []
+        self._rows = None
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        return {"_storage": self._storage, "_metadata": self._metadata}
+        """TorchRL's state: ``{"_storage": compressed items, "_metadata": their metadata}``.
+
+        In rows mode the rows are decoded and compressed item by item to make it (the storage
+        does not change); gpubuf checkpoints keep the rows as they are instead.
+        """
+        if self._rows is None:
+            return {"_storage": self._storage, "_metadata": self._metadata}
+        storage, metadata = [], []
+        n = len(self._rows)
+        if n:
+            for item in self._get_rows(list(range(n))):
+                compressed, meta = self._compress_item(self._to_device(item))
+                storage.append(compressed)
+                metadata.append(meta)
+        return {"_storage": storage, "_metadata": metadata}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Replaces the items with a :meth:`state_dict`'s, checked first.
@@ -296,8 +561,45 @@ class CompressedListStorage(ListStorage):
                 "a metadata dict per item"
             )
         # Copies, so that the storage never shares memory with the caller's objects.
+        self._rows = None
         self._storage = [e.clone() if isinstance(e, torch.Tensor) else e for e in state_dict["_storage"]]
         self._metadata = deepcopy(state_dict["_metadata"])
+
+    def rows_state(self) -> dict[str, Any] | None:
+        """Rows mode's own state (for checkpoints), or None on the item path.
+
+        Returns:
+            ``{"stack_keys": [...], "key_interval": int, "len": int, "rows": <the rows' state_dict>}``;
+            tensors are copies.
+        """
+        if self._rows is None:
+            return None
+        return {
+            "stack_keys": [list(k) for k in self._rows.stack_keys],
+            "key_interval": self._rows.key_interval,
+            "len": len(self._rows),
+            "rows": self._rows.state_dict(),
+        }
+
+    def load_rows_state(self, state: dict[str, Any]) -> None:
+        """Restores what :meth:`rows_state` returned (the storage is then in rows mode).
+
+        Raises:
+            SchemaMismatchError: the state does not fit this storage (another capacity or layout).
+        """
+        device = "cpu" if self.device is None else self.device
+        rows = _FrameRows(
+            self.max_size, stack_keys=[tuple(k) for k in state["stack_keys"]], key_interval=int(state["key_interval"]),
+            device=device,
+        )
+        saved = state["rows"]
+        refs = saved.get("encoded", {}).get("refs")
+        if refs is not None and refs.shape[1] != self.max_size:
+            raise SchemaMismatchError(f"the saved rows are for max_size={refs.shape[1]}, this storage has {self.max_size}")
+        rows.load_state_dict(saved)
+        rows._len = int(state["len"])
+        self._rows = rows
+        self._storage, self._metadata = [], []
 
     def to_bytestream(self, data_to_bytestream: Any) -> bytes:
         """A tensor's or array's raw bytes (other objects are pickled, as in TorchRL)."""
@@ -315,9 +617,16 @@ class CompressedListStorage(ListStorage):
     def bytes(self) -> int:
         """Bytes held by the compressed items (tensors, arrays and bytes counted; other objects 0).
 
+        In rows mode: the stored frames, their table and references, and the raw leaves.
+
         Raises:
             RuntimeError: the storage holds items but none of them counts any byte.
         """
+
+        if self._rows is not None:
+            n = len(self._rows)
+            plain = sum(t[:n].numel() * t.element_size() for t in self._rows._plain.values())
+            return self._rows.bytes() + plain
 
         def size(data: Any) -> int:
             if data is None:
@@ -344,7 +653,10 @@ class CompressedListStorage(ListStorage):
         return total
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(items={len(self)}, max_size={self.max_size}, compression_level={self.compression_level})"
+        return (
+            f"{type(self).__name__}(items={len(self)}, max_size={self.max_size}, "
+            f"compression_level={self.compression_level}, mode={self.mode})"
+        )
 
 
 def _unbound(data: Any) -> list:

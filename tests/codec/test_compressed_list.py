@@ -19,13 +19,15 @@ def _both(**kwargs):
     return CompressedListStorage(**kwargs), torchrl_data.CompressedListStorage(**kwargs)
 
 
-def _items(n=6):
+def _items(n=6, frames=True):
+    # Frames of item shape [4, 12, 12] take the rows mode; [4, 144] rows the item path.
+    shape = (n, 4, 12, 12) if frames else (n, 4, 144)
     gen = torch.Generator().manual_seed(0)
     return TensorDict(
         {
-            "obs": torch.randint(0, 4, (n, 4, 12, 12), dtype=torch.uint8, generator=gen),
+            "obs": torch.randint(0, 4, shape, dtype=torch.uint8, generator=gen),
             "reward": torch.randn(n, generator=gen),
-            "next": {"obs": torch.randint(0, 4, (n, 4, 12, 12), dtype=torch.uint8, generator=gen)},
+            "next": {"obs": torch.randint(0, 4, shape, dtype=torch.uint8, generator=gen)},
         },
         [n],
     )
@@ -49,10 +51,11 @@ def test_same_defaults_and_arguments():
 
 
 def test_tensordict_items_match_torchrl_bytes_and_values():
-    data = _items()
+    data = _items(frames=False)
     ours, theirs = _both(max_size=100)
     for storage in (ours, theirs):
         storage.set(range(6), data)
+    assert ours.mode == "items"
     assert len(ours) == len(theirs) == 6
     assert ours.bytes() == theirs.bytes()
     for i in range(6):
