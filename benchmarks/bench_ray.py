@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--json", type=Path, default=ROOT / "bench-out" / "ray.json")
     args = parser.parse_args(argv)
 
-    from gpubuf.benchmark.environment import collect
+    from gpubuf.tools.bench.environment import collect
 
     # One thread: on a busy 2-core host a multi-threaded gather waits for its slowest thread.
     torch.set_num_threads(args.threads)

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import torch
 
-import gpubuf.codec.encoder as E
+import gpubuf.ops.encode_rows as E
 import gpubuf.ops.decode_rows as D
 import gpubuf_kernels.cpu
 from gpubuf.codec.checksum import as_int32
-from gpubuf.codec.encoder import encode_planes
+from gpubuf.ops.encode_rows import encode_planes
 from gpubuf.codec.format import RowGeometry
 from gpubuf.ops.decode_rows import RowTable
 

@@ -10,7 +10,7 @@ import torch
 from tensordict import TensorDict
 
 from gpubuf import CompressedListStorage, ReplayBuffer
-from gpubuf.codec.framestack import transition_indices
+from gpubuf.ops.match_frames import transition_indices
 from gpubuf.errors import CorruptRowError
 
 torchrl_data = pytest.importorskip("torchrl.data")
