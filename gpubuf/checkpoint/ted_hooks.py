@@ -113,13 +113,8 @@ class TED2Flat:
             else:
                 entry = data.get(key)
 
-            if key in keys_to_expand:
-                shape = torch.Size([len_with_offset, *entry.shape[data.ndim :]])
-                dtype = entry.dtype
-                output.make_memmap(key, shape=shape, dtype=dtype)
-            else:
-                shape = torch.Size([data.numel(), *entry.shape[data.ndim :]])
-                output.make_memmap(key, shape=shape, dtype=entry.dtype)
+            rows = len_with_offset if key in keys_to_expand else data.numel()
+            output.make_memmap(key, shape=torch.Size([rows, *entry.shape[data.ndim :]]), dtype=entry.dtype)
 
         if data.ndim == 1:
             return self._call(
@@ -137,23 +132,10 @@ class TED2Flat:
         ) as data_flat:
             if data.ndim > 2:
                 done = done.flatten(1, -1)
-            traj_per_dim = done.sum(0)
-            nsteps = data_flat.shape[0]
-
-            start = 0
-            start_with_offset = start
-            stop_with_offset = 0
-            stop = 0
-            for data_slice, done_slice, traj_for_dim in zip(
-                data_flat.unbind(1), done.unbind(1), traj_per_dim
+            slices = _column_slices(data_flat.shape[0], done.sum(0))
+            for data_slice, done_slice, (cur_slice, cur_slice_offset) in zip(
+                data_flat.unbind(1), done.unbind(1), slices
             ):
-                stop_with_offset = stop_with_offset + nsteps + traj_for_dim
-                cur_slice_offset = slice(start_with_offset, stop_with_offset)
-                start_with_offset = stop_with_offset
-
-                stop = stop + data.shape[0]
-                cur_slice = slice(start, stop)
-                start = stop
 
                 def _index(
                     key,
@@ -190,8 +172,8 @@ class TED2Flat:
             else:
                 entry = data.get(key)
 
+            mmap = output.get(key)
             if key in keys_to_expand:
-                mmap = output.get(key)
                 shifted_next = data.get(("next", key))
                 if is_full:
                     _roll_inplace(entry, shift=-shift, out=mmap, index_dest=idx)
@@ -206,10 +188,8 @@ class TED2Flat:
                     mmap[idx] = entry
                     mmap[idx_done] = shifted_next[done]
             elif is_full:
-                mmap = output.get(key)
                 _roll_inplace(entry, shift=-shift, out=mmap)
             else:
-                mmap = output.get(key)
                 mmap.copy_(entry)
         return output
 
@@ -257,22 +237,11 @@ class Flat2TED:
             # shift is the cursor place
             done[shift - 1] = True
         else:
-            # done = done.roll(-shift, dims=0)
             done[-1] = True
 
         if _storage_shape is not None and len(_storage_shape) > 1:
             # iterate over data and allocate
             if out is None:
-                # out = TensorDict(batch_size=_storage_shape)
-                # for i in range(out.ndim):
-                #     if i >= 2:
-                #         # FLattening the lazy stack will make the data unavailable - we need to find a way to make this
-                #         # possible.
-                #         raise RuntimeError(
-                #             "Checkpointing an uninitialized buffer with more than 2 dimensions is currently not supported. "
-                #             "Please file an issue on GitHub to ask for this feature!"
-                #         )
-                #     out = LazyStackedTensorDict(*out.unbind(i), stack_dim=i)
                 out = TensorDict(batch_size=_storage_shape)
                 for i in range(1, out.ndim):
                     if i >= 2:
@@ -294,21 +263,8 @@ class Flat2TED:
             ) as out_flat:
                 nsteps = done.shape[0]
                 n_elt_batch = done.shape[1:].numel()
-                traj_per_dim = done.sum(0)
-
-                start = 0
-                start_with_offset = start
-                stop_with_offset = 0
-                stop = 0
-
-                for out_unbound, traj_for_dim in zip(out_flat.unbind(-1), traj_per_dim):
-                    stop_with_offset = stop_with_offset + nsteps + traj_for_dim
-                    cur_slice_offset = slice(start_with_offset, stop_with_offset)
-                    start_with_offset = stop_with_offset
-
-                    stop = stop + nsteps
-                    cur_slice = slice(start, stop)
-                    start = stop
+                slices = _column_slices(nsteps, done.sum(0))
+                for out_unbound, (cur_slice, cur_slice_offset) in zip(out_flat.unbind(-1), slices):
 
                     def _index(
                         key,
@@ -413,9 +369,6 @@ class Flat2TED:
 class TED2Nested(TED2Flat):
     """A storage save hook writing TED data as nested (jagged) tensors, one row per trajectory."""
 
-    _shift: int | None = None
-    _is_full: bool | None = None
-
     def __init__(self, *args, **kwargs):
         if not hasattr(torch, "_nested_compute_contiguous_strides_offsets"):
             raise ValueError(
@@ -446,15 +399,6 @@ class TED2Nested(TED2Flat):
         _, _, traj_lengths = find_start_stop_traj(end=done, at_capacity=False)
         ntraj = traj_lengths.numel()
 
-        keys_to_expand, keys_to_keep = zip(
-            *[
-                (key, None) if val.shape[0] != done.shape[0] else (None, key)
-                for key, val in data.items(True, True)
-            ]
-        )
-        keys_to_expand = [key for key in keys_to_expand if key is not None]
-        keys_to_keep = [key for key in keys_to_keep if key is not None]
-
         out = TensorDict(batch_size=[ntraj])
         out.update(dict(data.non_tensor_items()))
 
@@ -468,33 +412,14 @@ class TED2Nested(TED2Flat):
             )
         else:
             traj_lengths_expand = traj_lengths + 1
-        for key in keys_to_expand:
-            val = data.get(key)
+        for key, val in data.items(True, True):
+            # Keys stored with their extra "next" rows take the expanded lengths.
+            lengths = traj_lengths_expand if val.shape[0] != done.shape[0] else traj_lengths
             shape = torch.cat(
-                [
-                    traj_lengths_expand,
-                    torch.tensor(val.shape[1:], dtype=torch.long).repeat(
-                        traj_lengths.numel(), 1
-                    ),
-                ],
-                -1,
+                [lengths, torch.tensor(val.shape[1:], dtype=torch.long).repeat(ntraj, 1)], -1
             )
             # This works because the storage location is the same as the previous one - no copy is done
             # but a new shape is written
-            out.make_memmap_from_storage(
-                key, val.untyped_storage(), dtype=val.dtype, shape=shape
-            )
-        for key in keys_to_keep:
-            val = data.get(key)
-            shape = torch.cat(
-                [
-                    traj_lengths,
-                    torch.tensor(val.shape[1:], dtype=torch.long).repeat(
-                        traj_lengths.numel(), 1
-                    ),
-                ],
-                -1,
-            )
             out.make_memmap_from_storage(
                 key, val.untyped_storage(), dtype=val.dtype, shape=shape
             )
@@ -520,9 +445,6 @@ class Nested2TED(Flat2TED):
 
 class H5Split(TED2Flat):
     """Splits data prepared with :class:`TED2Nested` into one entry per trajectory (``traj_<i>``)."""
-
-    _shift: int | None = None
-    _is_full: bool | None = None
 
     def __call__(self, data):
         nzeros = int(math.ceil(math.log10(data.shape[0])))
@@ -582,6 +504,15 @@ class H5Combine:
             filter_empty=True,
         )
         return result
+
+
+def _column_slices(nsteps, traj_per_dim):
+    """Per column of a 2-d storage: its rows in the plain layout and in the one with a row more per trajectory."""
+    start = start_with_offset = 0
+    for traj_for_dim in traj_per_dim:
+        stop, stop_with_offset = start + nsteps, start_with_offset + nsteps + traj_for_dim
+        yield slice(start, stop), slice(start_with_offset, stop_with_offset)
+        start, start_with_offset = stop, stop_with_offset
 
 
 def _roll_inplace(tensor, shift, out, index_dest=None, index_source=None):
