@@ -11,16 +11,17 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-__all__ = ["DEFAULT_DONE_KEYS", "find_start_stop_traj", "pin_memory_output", "stack_tensors"]
+__all__ = ["DEFAULT_DONE_KEYS", "find_start_stop_traj", "is_int", "pin_memory_output", "stack_tensors"]
 
 # The keys whose flags end a trajectory, in TorchRL's order.
 DEFAULT_DONE_KEYS: tuple = ("done", "truncated", "terminated")
 
 
-def _is_int(value: Any) -> bool:
-    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-        return True
-    return isinstance(value, (np.ndarray, torch.Tensor)) and value.ndim == 0
+def is_int(value: Any) -> bool:
+    """Whether ``value`` is one integer index: a Python or numpy int, or a 0-d integer tensor (not a bool)."""
+    if isinstance(value, torch.Tensor):
+        return value.ndim == 0 and not value.dtype.is_floating_point and value.dtype != torch.bool
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def find_start_stop_traj(
@@ -86,8 +87,8 @@ def _end_flags(*, trajectory, end, at_capacity, cursor) -> tuple[torch.Tensor, i
             end[length - 1] = True
     if at_capacity:
         if cursor is not None:
-            if isinstance(cursor, torch.Tensor):
-                cursor = cursor.reshape(-1)
+            if isinstance(cursor, (torch.Tensor, np.ndarray)):
+                cursor = torch.as_tensor(cursor).reshape(-1)
                 if not cursor.numel():
                     raise RuntimeError("cursor must not be an empty tensor.")
                 cursor = cursor[-1].item()
@@ -95,7 +96,7 @@ def _end_flags(*, trajectory, end, at_capacity, cursor) -> tuple[torch.Tensor, i
                 if not len(cursor):
                     raise RuntimeError("cursor must not be an empty range.")
                 cursor = cursor[-1]
-            if not _is_int(cursor):
+            if not is_int(cursor):
                 raise RuntimeError("cursor should be an integer or a 1d tensor or a range.")
             end = torch.index_fill(end, 0, torch.tensor(cursor, device=end.device, dtype=torch.long), 1)
         if not end.any(0).all():

@@ -20,6 +20,7 @@ from gpubuf.errors import StateDictError, StateDictKeyError
 from gpubuf.samplers.prioritized import PrioritizedSampler
 from gpubuf.storages._layout import is_tensor_collection
 from gpubuf.storages.compressed import CompressedListStorage
+from gpubuf.storages.items import is_int
 from gpubuf.storages.list import ListStorage
 from gpubuf.storages.memmap import LazyMemmapStorage
 from gpubuf.storages.stack import LazyStackStorage
@@ -37,11 +38,8 @@ class CheckedState(NamedTuple):
 
 
 def _is_int(value: Any) -> bool:
-    if isinstance(value, torch.Tensor):  # a compilable TorchRL component keeps 0-d tensors
-        return value.ndim == 0 and value.device.type == "cpu" and not value.dtype.is_floating_point and (
-            value.dtype != torch.bool
-        )
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    # A compilable TorchRL component keeps 0-d tensors; a state read on the host keeps them there.
+    return is_int(value) and not (isinstance(value, torch.Tensor) and value.device.type != "cpu")
 
 
 def _require_dict(value: Any, where: str) -> dict:

@@ -22,6 +22,7 @@ from gpubuf.errors import (
     UnsupportedDataError,
 )
 from gpubuf.storages._layout import is_tensor_collection
+from gpubuf.storages.items import is_int
 
 _INT64 = torch.iinfo(torch.int64)
 _INDEX_HELP = "expected an int, a slice with a positive step, a sequence or tensor of ints, or a boolean mask"
@@ -93,7 +94,7 @@ def check_read_index(index: Any, length: int) -> None:
 def _check_one_index(index: Any, length: int) -> None:
     if isinstance(index, slice):
         for part, value in (("start", index.start), ("stop", index.stop), ("step", index.step)):
-            if value is not None and not _is_int(value):
+            if value is not None and not is_int(value):
                 raise InvalidSliceError(f"slice {part} {value!r} is not an int: {_INDEX_HELP}")
         if index.step is not None and int(index.step) <= 0:
             raise InvalidSliceError(f"slice step {index.step} is not positive: {_INDEX_HELP}")
@@ -103,7 +104,7 @@ def _check_one_index(index: Any, length: int) -> None:
             raise InvalidIndexError(f"an index on the meta device holds no values: {_INDEX_HELP}")
         _check_index_dtype(index.dtype, tuple(index.shape), length)
         return
-    if _is_int(index):
+    if is_int(index):
         return
     if isinstance(index, np.ndarray):
         _check_index_dtype(_numpy_dtype(index), index.shape, length)
@@ -167,7 +168,7 @@ def check_priority_index(index: Any) -> None:
         return
     if isinstance(index, bool) or index is None:
         raise InvalidIndexError(f"priority index {index!r}: expected integer indices")
-    if _is_int(index):
+    if is_int(index):
         if not _INT64.min <= int(index) <= _INT64.max:
             raise IndexOutOfRangeError(f"priority index {index} is out of the int64 range: expected a stored item's index")
         return
@@ -225,10 +226,3 @@ def check_dim_extend(dim_extend: int, data: Any) -> None:
             raise SchemaMismatchError(
                 f"dim_extend={dim_extend} needs data with more than {dim_extend} batch dims, got {ndim}"
             )
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, bool) or (
-        isinstance(value, torch.Tensor) and value.ndim == 0 and not value.dtype.is_floating_point
-        and value.dtype != torch.bool
-    )

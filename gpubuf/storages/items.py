@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
 from gpubuf.errors import SchemaMismatchError, UnsupportedDataError
 from gpubuf.storages._layout import is_tensor_collection
 from gpubuf.storages.checks import check_device
+from gpubuf.utils import is_int
 
 __all__ = ["AUTO_DEVICE", "as_device", "batch_length", "is_int", "leading_shape", "leading_size", "stack_items"]
 
@@ -36,15 +36,6 @@ def as_device(device: Any) -> torch.device | None:
         # Make "cuda" comparable with tensors' devices, which always carry an ordinal.
         device = torch.device("cuda", torch.cuda.current_device())
     return device
-
-
-def is_int(value: Any) -> bool:
-    """Whether ``value`` is one integer index: a Python or numpy int, or a 0-d integer tensor (not a bool)."""
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, (int, np.integer)):
-        return True
-    return isinstance(value, torch.Tensor) and value.ndim == 0 and not value.dtype.is_floating_point
 
 
 def leading_shape(data: Any, count: int) -> torch.Size:
