@@ -1,33 +1,102 @@
 """The sample-path gather, as GB/s, for gpubuf, raw torch and TorchRL (pytest-benchmark).
 
-The same ops, row kinds and sizes as :mod:`gpubuf.tools.bench_gather` (which also measures the
-device's copy bandwidth in the same run and prints ratios)::
+Two ops, three providers:
+
+- ``gather``: rows ``index`` (fixed, uniform, with duplicates) of every field of a filled
+  storage. gpubuf: the storage's sample-path gather (one fused Triton launch on CUDA, the twin's
+  ``index_select`` per field on CPU); raw: ``index_select`` per field; TorchRL: its storage's
+  ``get(index)``.
+- ``sample``: a whole ``sample(B)``: draw and gather. gpubuf and TorchRL:
+  ``TensorDictReplayBuffer(storage=LazyTensorStorage(N)).sample(B)``; raw: ``randint`` then
+  ``index_select`` per field (the floor).
+
+for two row kinds (:mod:`gpubuf.tools.synthetic`): 292-byte transitions and 84x84x4 uint8 frames
+(28,224 bytes), at ``B`` = 256, 4,096 and 65,536::
 
     python -m pytest benchmarks/bench_gather.py --benchmark-only [--bench-device cuda] [--no-torchrl]
 
-Each benchmark records ``gb_per_s`` (payload read + written per call, at the median) and
-``copy_gb_per_s`` (``dst.copy_(src)`` on the same device, measured once per session) in its
-``extra_info``.
+Each benchmark records ``gb_per_s`` (payload read + written per call, ``2 * B * row_bytes``, at
+the median) and ``copy_gb_per_s`` (``dst.copy_(src)`` on the same device, measured once per
+session, ``2 * nbytes`` per call: memory-bound ops are judged against it) in its ``extra_info``.
 """
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import pytest
 import torch
 
-from gpubuf.tools.bench_gather import (
-    PROVIDERS,
-    GatherBenchConfig,
-    _gpubuf_provider,
-    _raw_provider,
-    _torchrl_provider,
-    measure_copy_bandwidth,
-)
+import gpubuf
+from gpubuf.tools.bench import torchrl_compat
+from gpubuf.tools.bench.timing import measure_round_robin
 from gpubuf.tools.synthetic import make_rows, row_bytes
 
+PROVIDERS = ("gpubuf", "raw", "torchrl")
 BATCHES = (256, 4_096, 65_536)
 KINDS = ("transition", "frames")
 OPS = ("gather", "sample")
+
+#: Built (and filled) once per row kind; then ``(index, B) -> {op: callable}``.
+Calls = Callable[[torch.Tensor, int], dict[str, Callable[[], Any]]]
+
+
+def _rows_for(kind: str, device: torch.device) -> int:
+    """The buffer's rows: 1,000,000 transitions; frames 100,000 on CUDA (2.8 GB) and 16,384 on CPU (460 MB)."""
+    if kind == "frames":
+        return 100_000 if device.type == "cuda" else 16_384
+    return 1_000_000
+
+
+def measure_copy_bandwidth(device: torch.device) -> dict[str, float]:
+    """``dst.copy_(src)`` of 1 GiB on CUDA, 256 MiB on CPU (well past the caches), counted as read + written."""
+    nbytes = (1 << 30) if device.type == "cuda" else (256 << 20)
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    timing = measure_round_robin({"copy": lambda: dst.copy_(src)}, device=device, warmup=2, repeats=10)["copy"]
+    return {"bytes": nbytes, "p50_s": timing.p50, "gb_per_s": 2 * nbytes / timing.p50 / 1e9}
+
+
+def _fill(rb: Any, data: Any) -> None:
+    n = data.batch_size[0]
+    for start in range(0, n, 100_000):
+        # A shallow copy: TensorDictReplayBuffer.extend may write "index" into what it is given.
+        rb.extend(data[start : start + 100_000].clone(recurse=False))
+
+
+def _gpubuf_provider(data: Any) -> Calls:
+    rb = gpubuf.TensorDictReplayBuffer(storage=gpubuf.LazyTensorStorage(data.batch_size[0], device=data.device))
+    _fill(rb, data)
+    storage = rb.storage
+    # The sample path's gather skips the stored "index" leaf (TensorDictReplayBuffer fills it
+    # from the sampler's index): the same fields as raw and TorchRL move.
+    skip = storage.layout.index_of(("index",))
+    return lambda index, batch: {"gather": lambda: storage._gather(index, skip), "sample": lambda: rb.sample(batch)}
+
+
+def _raw_provider(data: Any) -> Calls:
+    fields = [data[key] for key in data.keys()]
+    n, device = data.batch_size[0], data.device
+
+    def calls(index: torch.Tensor, batch: int) -> dict[str, Callable[[], Any]]:
+        def sample() -> list[torch.Tensor]:
+            idx = torch.randint(0, n, (batch,), device=device)
+            return [torch.index_select(f, 0, idx) for f in fields]
+
+        return {"gather": lambda: [torch.index_select(f, 0, index) for f in fields], "sample": sample}
+
+    return calls
+
+
+def _torchrl_provider(data: Any) -> Calls:
+    with torchrl_compat.quiet_logs():
+        trl = torchrl_compat.namespace()
+        rb = trl.TensorDictReplayBuffer(storage=trl.LazyTensorStorage(data.batch_size[0], device=data.device))
+        _fill(rb, data)
+    storage = rb.storage
+    return lambda index, batch: {"gather": lambda: storage.get(index), "sample": lambda: rb.sample(batch)}
+
+
 _BUILD = {"gpubuf": _gpubuf_provider, "raw": _raw_provider, "torchrl": _torchrl_provider}
 
 
@@ -44,7 +113,6 @@ def _device(pytestconfig) -> torch.device:
 def gather_env(pytestconfig):
     """The device, its copy bandwidth, and a cache of filled providers per (kind, provider)."""
     device = _device(pytestconfig)
-    config = GatherBenchConfig(device=device)
     copy = measure_copy_bandwidth(device)
     built: dict = {}
     failures: dict = {}
@@ -59,7 +127,7 @@ def gather_env(pytestconfig):
                 pytest.skip(failures[key])
             data = built.get((kind, "data"))
             if data is None:
-                data = built[(kind, "data")] = make_rows(kind, config.rows_for(kind), device)
+                data = built[(kind, "data")] = make_rows(kind, _rows_for(kind, device), device)
             try:
                 built[key] = _BUILD[name](data)
             except Exception as err:  # TorchRL missing or broken: reported as a skip, not a failure

@@ -77,7 +77,8 @@ for stage in "$@"; do
         | tee "$dir/log.txt" || status=1
       ;;
     gather)
-      python3 -m gpubuf.tools.bench_gather --device "$device" --json "$dir/gather.json" 2>&1 | tee "$dir/log.txt" || status=1
+      python3 -m pytest -q -p no:cacheprovider benchmarks/bench_gather.py --benchmark-only --bench-device "$device" \
+        --benchmark-json "$dir/gather.json" 2>&1 | tee "$dir/log.txt" || status=1
       ;;
     counts)
       # (On a CPU dry run the device path goes through the interpreter: keep it small.)
