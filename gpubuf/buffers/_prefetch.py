@@ -72,7 +72,6 @@ class Prefetcher:
         self._in_hand: set[_Entry] = set()  # taken off the queue, not yet returned
         self._next_seq = 0
         self._delivered = -1  # seq of the last batch returned (or that raised)
-        self.last_ran_out = False  # ran_out as of the last batch returned
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -146,7 +145,6 @@ class Prefetcher:
                 if not entry.valid:
                     continue  # a write landed since the draw: draw again, from the written data
                 self._delivered = max(self._delivered, entry.seq)
-                self.last_ran_out = entry.ran_out
             data, done = result
             # The sampler's flag as a run without prefetch would show it after this batch.
             try:

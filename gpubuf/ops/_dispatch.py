@@ -25,13 +25,12 @@ from __future__ import annotations
 import functools
 import importlib
 import os
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import torch
 
 from gpubuf.errors import BackendUnavailableError
 
-Backend = Literal["auto", "torch", "triton", "numba"]
 BACKENDS = ("auto", "torch", "triton", "numba")
 
 #: The one table: ``(op, device type) -> "module:function"`` in ``gpubuf_kernels``. The
