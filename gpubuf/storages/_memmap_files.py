@@ -30,25 +30,9 @@ import torch
 import torch.utils._pytree as pytree
 from tensordict import TensorDict
 
-from gpubuf.errors import (  # noqa: F401  (the memmap errors are re-exported from here)
-    DiskFullError,
-    MemmapStorageError,
-    ScratchDirError,
-    StorageExistsError,
-    StorageMismatchError,
-    StorageNotSharableError,
-)
+from gpubuf.errors import DiskFullError, MemmapStorageError, ScratchDirError, StorageExistsError, StorageMismatchError
 from gpubuf.storages._layout import Layout, LeafSpec
 from gpubuf.storages._shared import state_dir
-
-__all__ = [
-    "MemmapStorageError",
-    "ScratchDirError",
-    "StorageExistsError",
-    "DiskFullError",
-    "StorageMismatchError",
-    "StorageNotSharableError",
-]
 
 FORMAT = "gpubuf.memmap"
 FORMAT_VERSION = 1

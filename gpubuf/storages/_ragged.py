@@ -23,6 +23,7 @@ from tensordict.base import _is_leaf_nontensor
 from tensordict.utils import is_non_tensor
 
 from gpubuf.errors import DTypeMismatchError, SchemaMismatchError, UnsupportedDataError
+from gpubuf.storages._layout import _fmt_key as _fmt
 
 try:  # the direct constructor of jagged tensors, see jagged()
     from torch.nested._internal.nested_tensor import NestedTensor as _NestedTensor
@@ -63,12 +64,6 @@ class Columns:
     n: int
     tensors: list[tuple[torch.Tensor, torch.Tensor]]
     objects: list[list]
-
-
-def _fmt(key: tuple) -> str:
-    if not key:
-        return "<tensor>"
-    return repr(key[0]) if len(key) == 1 else repr(key)
 
 
 def _kind(data: Any) -> tuple[str, type | None]:

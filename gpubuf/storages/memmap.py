@@ -27,18 +27,20 @@ import torch
 import torch.utils._pytree as pytree
 from tensordict import TensorDictBase, is_tensorclass
 
-from gpubuf.errors import CapacityError, GpubufError, SchemaMismatchError
-from gpubuf.storages import _cleanup
-from gpubuf.storages import _memmap_files as files
-from gpubuf.storages._layout import Layout
-from gpubuf.storages._memmap_files import (
+from gpubuf.errors import (
+    CapacityError,
     DiskFullError,
+    GpubufError,
     MemmapStorageError,
+    SchemaMismatchError,
     ScratchDirError,
     StorageExistsError,
     StorageMismatchError,
     StorageNotSharableError,
 )
+from gpubuf.storages import _cleanup
+from gpubuf.storages import _memmap_files as files
+from gpubuf.storages._layout import Layout
 from gpubuf.storages._shared import (
     STATUS_EMPTY,
     STATUS_INITIALIZING,
