@@ -10,6 +10,7 @@ from __future__ import annotations
 import operator
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -155,7 +156,24 @@ def _union_required_keys(
     return first | second
 
 
-class TrajectoryPredicate:
+class _Expr:
+    """A function of a trajectory, with its description and the data keys it reads (None: unknown)."""
+
+    def __init__(
+        self,
+        fn: Callable[[Trajectory], Any],
+        description: str = "predicate",
+        keys: frozenset | None = None,
+    ) -> None:
+        self._fn = fn
+        self._description = description
+        self._keys = keys
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._description})"
+
+
+class TrajectoryPredicate(_Expr):
     """A boolean predicate over a :class:`Trajectory`.
 
     Predicates are produced by comparing trajectory expressions (see
@@ -168,16 +186,6 @@ class TrajectoryPredicate:
         >>> predicate.required_keys()
         frozenset({'reward'})
     """
-
-    def __init__(
-        self,
-        fn: Callable[[Trajectory], bool],
-        description: str = "predicate",
-        keys: frozenset | None = None,
-    ) -> None:
-        self._fn = fn
-        self._description = description
-        self._keys = keys
 
     def required_keys(self) -> frozenset | None:
         """The data keys the predicate reads, or ``None`` when unknown.
@@ -211,47 +219,30 @@ class TrajectoryPredicate:
             lambda t: not self(t), f"~{self._description}", keys=self._keys
         )
 
-    def __repr__(self) -> str:
-        return f"TrajectoryPredicate({self._description})"
 
-
-class _ElementwisePredicate:
+class _ElementwisePredicate(_Expr):
     """An elementwise comparison awaiting reduction via ``.any()`` or ``.all()``."""
 
-    def __init__(
-        self,
-        fn: Callable[[Trajectory], torch.Tensor],
-        description: str,
-        keys: frozenset | None = None,
-    ) -> None:
-        self._fn = fn
-        self._description = description
-        self._keys = keys
+    def _reduce(self, name: str) -> TrajectoryPredicate:
+        return TrajectoryPredicate(
+            lambda t: bool(getattr(self._fn(t), name)()),
+            f"{self._description}.{name}()",
+            keys=self._keys,
+        )
 
     def any(self) -> TrajectoryPredicate:
         """True if the comparison holds for any transition."""
-        return TrajectoryPredicate(
-            lambda t: bool(self._fn(t).any()),
-            f"{self._description}.any()",
-            keys=self._keys,
-        )
+        return self._reduce("any")
 
     def all(self) -> TrajectoryPredicate:
         """True if the comparison holds for every transition."""
-        return TrajectoryPredicate(
-            lambda t: bool(self._fn(t).all()),
-            f"{self._description}.all()",
-            keys=self._keys,
-        )
+        return self._reduce("all")
 
     def __call__(self, trajectory: Trajectory | None = None):
         raise TypeError(
             f"{self._description} compares per-transition values and is ambiguous as a "
             "trajectory filter. Call .any() or .all() to reduce it to a single boolean."
         )
-
-    def __repr__(self) -> str:
-        return f"_ElementwisePredicate({self._description})"
 
 
 class _ComparableExpr:
@@ -295,26 +286,13 @@ class _ComparableExpr:
     __hash__ = None
 
 
-class _ScalarExpr(_ComparableExpr):
+class _ScalarExpr(_ComparableExpr, _Expr):
     """A scalar-valued expression over a trajectory, comparable into a predicate."""
 
     _comparison_cls = TrajectoryPredicate
 
-    def __init__(
-        self,
-        fn: Callable[[Trajectory], torch.Tensor | float | int],
-        description: str,
-        keys: frozenset | None = None,
-    ) -> None:
-        self._fn = fn
-        self._description = description
-        self._keys = keys
-
     def _value(self, trajectory: Trajectory):
         return self._fn(trajectory)
-
-    def __repr__(self) -> str:
-        return f"_ScalarExpr({self._description})"
 
 
 class _FieldExpr(_ComparableExpr):
@@ -327,7 +305,7 @@ class _FieldExpr(_ComparableExpr):
         self._description = description if description is not None else f"traj.{key}"
         self._keys = frozenset({unravel_key(key)})
 
-    def _get(self, trajectory: Trajectory) -> torch.Tensor:
+    def _value(self, trajectory: Trajectory) -> torch.Tensor:
         value = trajectory.get(self._key)
         if value is None:
             raise KeyError(
@@ -335,12 +313,9 @@ class _FieldExpr(_ComparableExpr):
             )
         return value
 
-    def _value(self, trajectory: Trajectory):
-        return self._get(trajectory)
-
     def _reduce(self, fn, name: str) -> _ScalarExpr:
         return _ScalarExpr(
-            lambda t: fn(self._get(t)),
+            lambda t: fn(self._value(t)),
             f"{self._description}.{name}()",
             keys=self._keys,
         )
@@ -363,15 +338,11 @@ class _FieldExpr(_ComparableExpr):
 
     def first(self) -> _ScalarExpr:
         """The field's value at the first transition."""
-        return _ScalarExpr(
-            lambda t: self._get(t)[0], f"{self._description}.first()", keys=self._keys
-        )
+        return self._reduce(lambda x: x[0], "first")
 
     def last(self) -> _ScalarExpr:
         """The field's value at the last transition."""
-        return _ScalarExpr(
-            lambda t: self._get(t)[-1], f"{self._description}.last()", keys=self._keys
-        )
+        return self._reduce(lambda x: x[-1], "last")
 
     def __repr__(self) -> str:
         return f"_FieldExpr({self._description})"
