@@ -25,42 +25,16 @@ from typing import Any, Callable, Sequence
 import torch
 
 from gpubuf.ops.device_work import count_device_work
+from gpubuf.tools.profile import WORKLOADS as PROFILED
+from gpubuf.tools.profile import ProfileConfig, filled_buffer
 
 __all__ = ["WORKLOADS", "count_workloads", "main"]
 
 
-def _filled(cls: Any, device: torch.device, rows: int, backend: str, row_kind: str, **kwargs: Any) -> Any:
-    from gpubuf import LazyTensorStorage
-    from gpubuf.tools.synthetic import make_rows
-
-    rb = cls(storage=LazyTensorStorage(rows, device=device), backend=backend, **kwargs)
-    data = make_rows(row_kind, rows, device)
-    for start in range(0, rows, 100_000):
-        rb.extend(data[start : start + 100_000])
-    return rb
-
-
-def _sample(device: torch.device, rows: int, batch: int, backend: str, row_kind: str) -> Callable[[], Any]:
-    from gpubuf import TensorDictReplayBuffer
-
-    rb = _filled(TensorDictReplayBuffer, device, rows, backend, row_kind)
-    return lambda: rb.sample(batch)
-
-
-def _extend(device: torch.device, rows: int, batch: int, backend: str, row_kind: str) -> Callable[[], Any]:
-    from gpubuf import TensorDictReplayBuffer
-    from gpubuf.tools.synthetic import make_rows
-
-    rb = _filled(TensorDictReplayBuffer, device, rows, backend, row_kind)
-    data = make_rows(row_kind, batch, device, seed=1)
-    return lambda: rb.extend(data)
-
-
-def _prioritized_cycle(device: torch.device, rows: int, batch: int, backend: str, row_kind: str) -> Callable[[], Any]:
-    from gpubuf import TensorDictPrioritizedReplayBuffer
-
-    rb = _filled(TensorDictPrioritizedReplayBuffer, device, rows, backend, row_kind, alpha=0.7, beta=0.5)
-    priority = torch.rand(batch, generator=torch.Generator().manual_seed(2)).to(device) + 0.1
+def _prioritized_cycle(config: ProfileConfig) -> Callable[[], Any]:
+    rb, _ = filled_buffer(config, cls_name="TensorDictPrioritizedReplayBuffer", alpha=0.7, beta=0.5)
+    batch = config.batch_size
+    priority = torch.rand(batch, generator=torch.Generator().manual_seed(2)).to(config.device) + 0.1
 
     def cycle() -> Any:
         data, info = rb.sample(batch, return_info=True)
@@ -70,10 +44,11 @@ def _prioritized_cycle(device: torch.device, rows: int, batch: int, backend: str
     return cycle
 
 
-#: name -> builder(device, rows, batch, backend, row kind) of the call to count.
-WORKLOADS: dict[str, Callable[..., Callable[[], Any]]] = {
-    "sample": _sample,
-    "extend": _extend,
+#: name -> builder(config) of the call to count: the profiled sample and extend, and the
+#: prioritized cycle with priorities already on the device.
+WORKLOADS: dict[str, Callable[[ProfileConfig], Callable[[], Any]]] = {
+    "sample": PROFILED["sample"].build,
+    "extend": PROFILED["extend"].build,
     "prioritized-cycle": _prioritized_cycle,
 }
 
@@ -96,7 +71,8 @@ def count_workloads(
     results = []
     for name in workloads:
         for batch in batches:
-            call = WORKLOADS[name](device, rows, batch, backend, row_kind)
+            config = ProfileConfig(name, device=device, rows=rows, batch_size=batch, row_kind=row_kind, backend=backend)
+            call = WORKLOADS[name](config)
             call()  # warm-up: lazy allocations, pointer tables, compiled kernels
             with count_device_work(device) as work:
                 call()

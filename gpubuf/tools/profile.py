@@ -69,6 +69,7 @@ class ProfileConfig:
         top: rows of the printed table.
         seed: seed of the data and of the buffer's generator.
         trace: write the chrome trace.
+        backend: the buffer's backend (``"triton"`` takes the device path on any device).
     """
 
     workload: str
@@ -82,6 +83,7 @@ class ProfileConfig:
     top: int = 15
     seed: int = 0
     trace: bool = True
+    backend: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -102,27 +104,14 @@ class Workload:
     unavailable: Callable[[ProfileConfig], str | None] = lambda config: None
 
 
-def _buffer_class(name: str) -> Any:
-    """A buffer class by name: from ``gpubuf``, else from the module that defines it."""
-    import importlib
-
-    import gpubuf
-
-    if hasattr(gpubuf, name):
-        return getattr(gpubuf, name)
-    if "Prioritized" in name:
-        return getattr(importlib.import_module("gpubuf.buffers.prioritized"), name)
-    raise AttributeError(name)
-
-
-def _filled_buffer(config: ProfileConfig, cls_name: str = "TensorDictReplayBuffer", **kwargs: Any) -> tuple[Any, Any]:
+def filled_buffer(config: ProfileConfig, cls_name: str = "TensorDictReplayBuffer", **kwargs: Any) -> tuple[Any, Any]:
     import gpubuf
     from gpubuf.tools.synthetic import make_rows
 
     data = make_rows(config.row_kind, config.rows, config.device, seed=config.seed)
     storage = gpubuf.LazyTensorStorage(config.rows, device=kwargs.pop("storage_device", config.device))
     generator = torch.Generator(device=storage.device).manual_seed(config.seed)
-    rb = _buffer_class(cls_name)(storage=storage, generator=generator, **kwargs)
+    rb = getattr(gpubuf, cls_name)(storage=storage, generator=generator, backend=config.backend, **kwargs)
     chunk = 100_000
     for start in range(0, config.rows, chunk):
         rb.extend(data[start : start + chunk])
@@ -130,24 +119,24 @@ def _filled_buffer(config: ProfileConfig, cls_name: str = "TensorDictReplayBuffe
 
 
 def _build_sample(config: ProfileConfig) -> Callable[[], Any]:
-    rb, _ = _filled_buffer(config)
+    rb, _ = filled_buffer(config)
     size = config.batch_size
     return lambda: rb.sample(size)
 
 
 def _build_sample_prefetch(config: ProfileConfig) -> Callable[[], Any]:
-    rb, _ = _filled_buffer(config, batch_size=config.batch_size, prefetch=2)
+    rb, _ = filled_buffer(config, batch_size=config.batch_size, prefetch=2)
     return rb.sample
 
 
 def _build_sample_h2d(config: ProfileConfig) -> Callable[[], Any]:
-    rb, _ = _filled_buffer(config, storage_device="cpu", batch_size=config.batch_size, prefetch=2,
+    rb, _ = filled_buffer(config, storage_device="cpu", batch_size=config.batch_size, prefetch=2,
                            batch_device=config.device)
     return rb.sample
 
 
 def _build_extend(config: ProfileConfig) -> Callable[[], Any]:
-    rb, data = _filled_buffer(config)
+    rb, data = filled_buffer(config)
     if config.batch_size > config.rows:
         raise ValueError(f"extend chunk {config.batch_size} exceeds the buffer's {config.rows} rows")
     chunk = data[: config.batch_size]
@@ -157,26 +146,15 @@ def _build_extend(config: ProfileConfig) -> Callable[[], Any]:
 def _build_gather(config: ProfileConfig) -> Callable[[], Any]:
     from gpubuf.ops.gather_rows import gather_rows
 
-    rb, _ = _filled_buffer(config, cls_name="ReplayBuffer")
+    rb, _ = filled_buffer(config, cls_name="ReplayBuffer")
     leaves = list(rb.storage._flat_leaves)
     gen = torch.Generator(device=config.device).manual_seed(config.seed)
     index = torch.randint(0, config.rows, (config.batch_size,), generator=gen, device=config.device)
     return lambda: gather_rows(leaves, index, check_bounds=False)
 
 
-def _prioritized_missing(config: ProfileConfig) -> str | None:
-    try:
-        _buffer_class("TensorDictPrioritizedReplayBuffer")
-    except (ImportError, AttributeError):
-        return (
-            "TensorDictPrioritizedReplayBuffer is not available yet (gpubuf/buffers/prioritized.py); "
-            "this workload runs as soon as it exists"
-        )
-    return None
-
-
 def _build_prioritized(config: ProfileConfig) -> Callable[[], Any]:
-    rb, _ = _filled_buffer(config, cls_name="TensorDictPrioritizedReplayBuffer", alpha=0.7, beta=0.5)
+    rb, _ = filled_buffer(config, cls_name="TensorDictPrioritizedReplayBuffer", alpha=0.7, beta=0.5)
     size = config.batch_size
     gen = torch.Generator(device=config.device).manual_seed(config.seed + 1)
 
@@ -201,12 +179,7 @@ WORKLOADS: dict[str, Workload] = {
     for w in (
         Workload("sample", "uniform sample of B rows (TensorDictReplayBuffer, LazyTensorStorage)", _build_sample),
         Workload("extend", "extend a full buffer by a chunk of B rows (round robin)", _build_extend),
-        Workload(
-            "prioritized",
-            "prioritized cycle: sample B rows, then update their priorities",
-            _build_prioritized,
-            _prioritized_missing,
-        ),
+        Workload("prioritized", "prioritized cycle: sample B rows, then update their priorities", _build_prioritized),
         Workload("sample-prefetch", "uniform sample with prefetch=2", _build_sample_prefetch),
         Workload("sample-h2d", "host storage, CUDA batches (pinned staging, side stream, prefetch=2)",
                  _build_sample_h2d, _needs_cuda),
