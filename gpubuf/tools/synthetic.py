@@ -1,6 +1,6 @@
-"""Synthetic replay rows for profiling sessions and the gather benchmark.
+"""Synthetic replay rows for profiling sessions and the benchmarks.
 
-Two row kinds, chosen to bracket what replay buffers hold:
+Two row kinds for profiling and the gather benchmark, chosen to bracket what replay buffers hold:
 
 - ``"transition"``: the default 292-byte row of a TorchRL off-policy collector with a small
   vector observation: ``observation``/``next_observation`` f32[32], ``action`` f32[4],
@@ -9,6 +9,10 @@ Two row kinds, chosen to bracket what replay buffers hold:
   1 to 128 bytes: many narrow fields, where per-field overhead shows.
 - ``"frames"``: one ``pixels`` leaf of uint8[4, 84, 84] (28,224 bytes), a stack of four Atari
   frames as DQN agents see them: one wide field, where bandwidth shows.
+
+and two for the harness (``gpubuf bench``): ``"small"``, 48-byte rows (``obs`` f32[8], ``action``
+f32[3], ``reward`` f32[1]), and ``"wide"``, its 277-byte transition (``obs``/``next_obs`` f32[32],
+``action`` f32[4], ``reward`` f32[1], ``done`` bool[1]).
 """
 
 from __future__ import annotations
@@ -36,6 +40,14 @@ ROW_KINDS: dict[str, dict[str, tuple[torch.dtype, tuple[int, ...]]]] = {
     },
     "frames": {
         "pixels": (torch.uint8, (4, 84, 84)),
+    },
+    "small": {"obs": (torch.float32, (8,)), "action": (torch.float32, (3,)), "reward": (torch.float32, (1,))},
+    "wide": {
+        "obs": (torch.float32, (32,)),
+        "action": (torch.float32, (4,)),
+        "reward": (torch.float32, (1,)),
+        "done": (torch.bool, (1,)),
+        "next_obs": (torch.float32, (32,)),
     },
 }
 

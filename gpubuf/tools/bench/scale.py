@@ -41,6 +41,7 @@ from tensordict import TensorDict
 
 from gpubuf.tools.bench import environment
 from gpubuf.tools.bench.torchrl_compat import load_torchrl_data, quiet_logs
+from gpubuf.tools.synthetic import ROW_KINDS, make_rows, row_bytes
 
 M = 1 << 20
 #: Default sweep, in rows; the memory-mapped storage goes on to MEMMAP_SIZES beyond.
@@ -48,19 +49,6 @@ SIZES = (1 * M, 4 * M, 16 * M, 64 * M)
 MEMMAP_SIZES = (128 * M,)
 CHUNK = 1 * M
 WORKLOADS = ("fill", "memmap", "checkpoint", "prioritized")
-
-#: kind -> {key: (dtype, per-row shape)}
-ROW_KINDS: dict[str, dict[str, tuple[torch.dtype, tuple[int, ...]]]] = {
-    "small": {"obs": (torch.float32, (8,)), "action": (torch.float32, (3,)), "reward": (torch.float32, (1,))},
-    "wide": {
-        "obs": (torch.float32, (32,)),
-        "action": (torch.float32, (4,)),
-        "reward": (torch.float32, (1,)),
-        "done": (torch.bool, (1,)),
-        "next_obs": (torch.float32, (32,)),
-    },
-}
-
 
 def parse_size(text: str) -> int:
     """``"16M"`` -> 16 * 2**20 rows, ``"500k"`` -> 500 * 2**10, ``"1000"`` -> 1000."""
@@ -84,19 +72,8 @@ def format_rows(n: int) -> str:
 
 
 def make_chunk(kind: str, rows: int, seed: int = 0) -> TensorDict:
-    """``rows`` random rows of ``kind`` on the CPU."""
-    gen = torch.Generator().manual_seed(seed)
-    data = {}
-    for key, (dtype, shape) in ROW_KINDS[kind].items():
-        if dtype == torch.bool:
-            data[key] = torch.rand((rows, *shape), generator=gen) < 0.05
-        else:
-            data[key] = torch.randn((rows, *shape), generator=gen).to(dtype)
-    return TensorDict(data, batch_size=[rows])
-
-
-def row_bytes(kind: str) -> int:
-    return sum(dtype.itemsize * torch.Size(shape).numel() for dtype, shape in ROW_KINDS[kind].values())
+    """``rows`` random rows of ``kind`` (``"small"`` or ``"wide"``) on the CPU."""
+    return make_rows(kind, rows, seed=seed)
 
 
 @dataclass

@@ -27,15 +27,10 @@ import torch
 from tensordict import TensorDict
 
 from gpubuf.tools.bench import prioritized, torchrl_compat
+from gpubuf.tools.synthetic import ROW_KINDS
 
 #: name -> (dtype, per-row shape), in storage order.
-FIELDS: dict[str, tuple[torch.dtype, tuple[int, ...]]] = {
-    "obs": (torch.float32, (32,)),
-    "action": (torch.float32, (4,)),
-    "reward": (torch.float32, (1,)),
-    "done": (torch.bool, (1,)),
-    "next_obs": (torch.float32, (32,)),
-}
+FIELDS: dict[str, tuple[torch.dtype, tuple[int, ...]]] = ROW_KINDS["wide"]
 
 #: Payload bytes of one row (the five fields; TensorDictReplayBuffer's extra "index" is not counted).
 ROW_BYTES = sum(dtype.itemsize * torch.Size(shape).numel() for dtype, shape in FIELDS.values())
