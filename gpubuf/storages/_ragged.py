@@ -23,6 +23,7 @@ from tensordict.base import _is_leaf_nontensor
 from tensordict.utils import is_non_tensor
 
 from gpubuf.errors import DTypeMismatchError, SchemaMismatchError, UnsupportedDataError
+from gpubuf.storages._layout import Layout
 from gpubuf.storages._layout import _fmt_key as _fmt
 
 try:  # the direct constructor of jagged tensors, see jagged()
@@ -340,12 +341,8 @@ class RaggedSchema:
             leaves.append(RaggedLeaf(tuple(leaf["key"]), dtype, torch.Size(leaf["trail"]), bool(leaf["scalar"])))
         return cls(described["kind"], leaves, [tuple(key) for key in described["objects"]], container)
 
-    def describe_kind(self) -> str:
-        if self.kind == "tensor":
-            return "tensors"
-        if self.kind == "tensorclass":
-            return f"{self.container_cls.__name__} instances"
-        return "TensorDicts"
+    # The same words as a tensor storage's layout: it reads only ``kind`` and ``container_cls``.
+    describe_kind = Layout.describe_kind
 
     def __repr__(self) -> str:
         fields = [

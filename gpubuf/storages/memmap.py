@@ -781,10 +781,6 @@ class LazyMemmapStorage(LazyTensorStorage):
         return self._build(list(self._leaves), [self._capacity_along_dim0], device=_CPU, consumed=0)
 
     # ------------------------------------------------------------------ state
-    def state_dict(self) -> dict[str, Any]:
-        """``{"_storage": views on the files, "initialized": bool, "_len": int}``, as TorchRL."""
-        return {"_storage": self._storage, "initialized": self.initialized, "_len": self._len}
-
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Copies a state dict's data into the files (created if needed) and sets the length.
 

@@ -26,7 +26,6 @@ from gpubuf.errors import (
     IndexOutOfRangeError,
     InvalidArgumentError,
     SchemaMismatchError,
-    UnsupportedDataError,
 )
 from gpubuf.ops.gather_rows import gather_rows_trusted
 from gpubuf.host_memory import HUGE_PAGE_BYTES, empty_host, huge_pages_enabled
@@ -477,6 +476,7 @@ class TensorStorage(Storage):
         return self._build(list(self._leaves), [self._capacity_along_dim0], consumed=0)
 
     def state_dict(self) -> dict[str, Any]:
+        """``{"_storage": the rows (views, no copy), "initialized": bool, "_len": int}``, as TorchRL."""
         return {"_storage": self._storage, "initialized": self.initialized, "_len": self._len}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
