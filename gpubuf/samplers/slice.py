@@ -25,7 +25,7 @@ from gpubuf.errors import (
     TrajectoryLengthError,
     UnsupportedOptionError,
 )
-from gpubuf.samplers._columns import as_key, flags_per_column, has_key, read_key
+from gpubuf.samplers._columns import as_key, flag_column, flags_per_column, has_key, read_key
 from gpubuf.samplers._episodes import EpisodeIndex
 from gpubuf.samplers._fragments import FragmentIndex
 from gpubuf.samplers.base import Sampler
@@ -616,8 +616,12 @@ class SliceSampler(Sampler):
         pool = seq_length if self.strict_length else 1
         ragged = any_short or any(self.span)
         if not ragged and picked is None and index.columns == 1:
-            # The common case: one launch (or compiled loop) draws and lists every window.
-            rows = index.windows(pool, seq_length, u, self._backend)
+            # The common case: one launch (or compiled loop) draws and lists every window and,
+            # where the flags are plain columns of the storage, marks its steps for the info.
+            flags = self._flag_columns(storage, index)
+            rows, marks = index.windows(pool, seq_length, u, flags or (None, None, None), self._backend)
+            if flags is not None:
+                return self._finish_marked(rows, marks, init=flags[2] is not None)
             return self._finish(storage, index, rows, None, num_slices, seq_length, None, None)
         u_traj, u_start = u[:num_slices], u[num_slices:]
         if picked is None:
@@ -668,6 +672,39 @@ class SliceSampler(Sampler):
         offsets = torch.arange(slice_of.shape[0], device=seq.device) - (seq.cumsum(0) - seq)[slice_of]
         rows = ((first[slice_of] + offsets) % index.capacity).reshape(-1)
         return self._finish(storage, index, rows, col[slice_of], seq.shape[0], seq, None, None)
+
+    def _flag_columns(self, storage: Any, index: EpisodeIndex) -> tuple | None:
+        """The stored ``(done, terminated, init)`` flags the info entries read, as ``bool [T]``
+        columns (None for one not stored, or not asked for), or None when one is stored in
+        another form (then :meth:`_finish` reads them)."""
+        if getattr(storage, "ndim", 1) != 1:
+            return None
+        keys = [None, None, None]
+        if self.truncated_key is not None:
+            truncated_key = as_key(self.truncated_key)
+            keys[0], keys[1] = _replace_last(truncated_key, "done"), _replace_last(truncated_key, "terminated")
+        if self.init_key is not None:
+            keys[2] = as_key(self.init_key)
+        columns = []
+        for key in keys:
+            usable, column = (True, None) if key is None else flag_column(storage, key, index.capacity, index.device)
+            if not usable:
+                return None
+            columns.append(column)
+        return tuple(columns)
+
+    def _finish_marked(self, rows: torch.Tensor, marks: torch.Tensor, *, init: bool) -> tuple[tuple[torch.Tensor], dict]:
+        """:meth:`_finish`'s index and info for a one-dimensional storage, from the marks the
+        window draw wrote (``init``: the storage holds the init flag)."""
+        info: dict = {}
+        if self.truncated_key is not None:
+            truncated_key = as_key(self.truncated_key)
+            info[_out_key(truncated_key)] = marks[0].unsqueeze(-1)
+            info[_out_key(_replace_last(truncated_key, "done"))] = marks[1].unsqueeze(-1)
+            info[_out_key(_replace_last(truncated_key, "terminated"))] = marks[2].unsqueeze(-1)
+        if init and self.init_key is not None:
+            info[_out_key(as_key(self.init_key))] = marks[3].unsqueeze(-1)
+        return (rows,), info
 
     def _nonempty_equal(self, index: EpisodeIndex, seq_length: int) -> bool:
         """Whether every trajectory is at least ``seq_length`` long (no short one)."""
