@@ -848,6 +848,7 @@ class SliceSampler(Sampler):
             self._index = index
         self._source = source
         self._pending = pending
+        self._fragments = None  # fragmented records are read again in full at the next draw
         self._last = None if last is None else torch.as_tensor(last).clone()
         self._nonempty = {}
 

@@ -149,6 +149,8 @@ class StreamingSliceSampler(SliceSampler):
             raise SliceArgumentError(
                 f"Storage capacity {storage.max_size} cannot hold one slice_len={self.slice_len} window."
             )
+        if self._source is None:
+            self._source = self._resolve_source(storage)  # raises before a write is consumed
         writes, self._writes = self._writes, []
         for rows, stamps in writes:
             if rows.numel() > storage.max_size:
