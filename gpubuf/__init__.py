@@ -46,6 +46,7 @@ from gpubuf.samplers import (
     SharedPrioritizedSampler,
     SliceSampler,
     SliceSamplerWithoutReplacement,
+    StreamingSliceSampler,
 )
 from gpubuf.data import RewardData
 from gpubuf.storages import (
@@ -119,6 +120,7 @@ __all__ = [
     "SharedPrioritizedSampler",
     "SliceSampler",
     "SliceSamplerWithoutReplacement",
+    "StreamingSliceSampler",
     "Writer",
     "RoundRobinWriter",
     "TensorDictRoundRobinWriter",

@@ -39,6 +39,7 @@ __all__ = [
     "SliceArgumentError",
     "TrajectoryKeyError",
     "TrajectoryLengthError",
+    "TrajectoryStepError",
     "ShardUnavailableError",
     "RateLimitTimeoutError",
     "InvalidArgumentError",
@@ -194,6 +195,12 @@ class TrajectoryKeyError(SchemaMismatchError, KeyError):
 class TrajectoryLengthError(GpubufError, RuntimeError):
     """No stored trajectory is long enough for the slices asked for (``strict_length=True``),
     a ``RuntimeError`` as in TorchRL."""
+
+
+class TrajectoryStepError(GpubufError, TypeError, ValueError, RuntimeError):
+    """Stored trajectory ids or step numbers a fragmented slice sampler cannot order: not one
+    integer per step, a negative step, or two stored steps with the same trajectory and step.
+    TorchRL raises a ``TypeError``, ``ValueError`` or ``RuntimeError`` for these; this class is all three."""
 
 
 # ------------------------------------------------------------------ distributed buffers

@@ -161,8 +161,8 @@ class TensorDictReplayBuffer(ReplayBuffer):
 
     def _index_value(self, index: Any, layout: Any, batch_size: int) -> torch.Tensor:
         if isinstance(index, tuple):
-            index = torch.stack(index, -1)
-            return index
+            # One dim: a view (no copy) of the sampler's index, as stacking would give.
+            return index[0].unsqueeze(-1) if len(index) == 1 else torch.stack(index, -1)
         item_batch = layout.item_batch[self._storage.ndim - 1 :]
         if not item_batch:
             return index  # already one entry per item

@@ -47,6 +47,8 @@ KERNELS: dict[tuple[str, str], str] = {
     ("sumtree_update", "cpu"): "cpu.sumtree:update",
     ("sumtree_sample", "cuda"): "sumtree:sumtree_sample_triton",
     ("sumtree_sample", "cpu"): "cpu.sumtree:draw",
+    ("slice_windows", "cuda"): "slice:slice_windows_triton",
+    ("slice_windows", "cpu"): "cpu.slice:slice_windows",
     ("encode_rows", "cpu"): "cpu.encoder:encode_rows",
     ("match_frames", "cpu"): "cpu.framestack:match_roots",
 }

@@ -1,19 +1,24 @@
-"""Slice windows: draw trajectories and starts, and list the rows of each ``L``-step window.
+"""Slice windows: draw trajectories and starts, list the rows of each ``L``-step window, and mark them.
 
 The draw of :class:`~gpubuf.samplers.SliceSampler` for a storage of one column and slices of
 one length: a trajectory uniform among the eligible ones (kept as a ring of trajectory numbers
 by :class:`~gpubuf.samplers._episodes.EpisodeIndex`), a start uniform among its ``len - L + 1``
-positions, and the window's physical rows. One launch on CUDA (no host synchronisation: the
-eligible count is read on the device), one compiled loop on a CPU with Numba, else the twin.
+positions, the window's physical rows, and the marks TorchRL's info entries hold for each step
+(truncated at a slice's last step, done and terminated from the stored flags, ``is_init`` at a
+slice's first step). One launch on CUDA (no host synchronisation: the eligible count is read on
+the device), one compiled loop on a CPU with Numba, else the twin.
 """
 
 from __future__ import annotations
 
 import torch
 
-from gpubuf.ops._dispatch import kernel_module, resolve_backend
+from gpubuf.ops._dispatch import implementation, resolve
 
-__all__ = ["slice_windows", "slice_windows_ref"]
+__all__ = ["slice_windows", "slice_windows_ref", "MARKS"]
+
+#: The rows of the marks :func:`slice_windows` returns, in order.
+MARKS = ("truncated", "done", "terminated", "init")
 
 
 def slice_windows_ref(
@@ -21,56 +26,81 @@ def slice_windows_ref(
     start: torch.Tensor,
     stop: torch.Tensor,
     front: torch.Tensor,
-    count: torch.Tensor,
+    back: torch.Tensor,
     uniforms: torch.Tensor,
     lower: int,
     capacity: int,
     seq_length: int,
-) -> torch.Tensor:
+    done: torch.Tensor | None = None,
+    terminated: torch.Tensor | None = None,
+    init: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Pure-torch twin of the slice-window draw; the op's specification.
 
-    For slice ``s`` of ``S = uniforms.numel() // 2``, with ``T = capacity``:
-    ``k = floor(uniforms[s] * count)``, trajectory ``g = slots[(front + k) % T]``, its effective
-    start ``a = max(start[g % T], lower)`` and length ``n = stop[g % T] - a + 1``, the window's
-    first step ``f = a + floor(uniforms[S + s] * (n - L + 1))``, and
-    ``result[s * L + j] = (f + j) % T`` for ``j < L``.
+    For slice ``s`` of ``S = uniforms.numel() // 2``, with ``T = capacity`` and
+    ``count = back - front``: ``k = floor(uniforms[s] * count)``, trajectory
+    ``g = slots[(front + k) % T]``, its effective start ``a = max(start[g % T], lower)`` and
+    length ``n = stop[g % T] - a + 1``, the window's first step
+    ``f = a + floor(uniforms[S + s] * (n - L + 1))``, and for ``j < L`` and ``i = s * L + j``:
+    ``rows[i] = (f + j) % T``; ``marks[0, i] = j == L - 1`` (truncated);
+    ``marks[1, i] = done[rows[i]] | marks[0, i]``; ``marks[2, i] = terminated[rows[i]]``;
+    ``marks[3, i] = init[rows[i]] | (j == 0)`` (an absent flag column reads False).
 
     Args:
         slots: ``int64 [>= T]``, the ring of eligible trajectory numbers.
         start, stop: ``int64 [>= T]``, absolute start and stop (inclusive) time per slot.
-        front, count: ``int64 [1]``, the ring's first position and its number of entries
-            (``count >= 1``; with 0 the result is in range but meaningless).
+        front, back: ``int64 [1]``, the ring's first position and one past its last
+            (``back > front``; with none eligible the result is in range but meaningless).
         uniforms: ``float64 [2 * S]`` in ``[0, 1)``.
         lower: the absolute time of the oldest live row.
         capacity: ``T``.
         seq_length: ``L``; every eligible trajectory is at least ``L`` long.
+        done, terminated, init: ``bool [>= T]`` stored flags per physical row, or None.
 
     Returns:
-        ``int64 [S * L]`` physical rows, on the inputs' device. Nothing is mutated.
+        ``(rows, marks)``: ``int64 [S * L]`` physical rows and ``bool [4, S * L]`` marks (rows
+        in the order of :data:`MARKS`), on the inputs' device. Nothing is mutated.
     """
     s = uniforms.numel() // 2
+    count = back - front
     k = (uniforms[:s] * count).to(torch.int64)
     slot = slots[(k + front) % capacity] % capacity
     first = start[slot].clamp_min(lower)
     length = stop[slot] - first + 1
     first = first + (uniforms[s:] * (length - (seq_length - 1))).to(torch.int64)
-    steps = first.unsqueeze(1) + torch.arange(seq_length, device=first.device)
-    return (steps % capacity).reshape(-1)
+    j = torch.arange(seq_length, device=first.device)
+    rows = ((first.unsqueeze(1) + j) % capacity).reshape(-1)
+    last = (j == seq_length - 1).expand(s, seq_length).reshape(-1)
+    head = (j == 0).expand(s, seq_length).reshape(-1)
+    marks = torch.stack([
+        last,
+        last if done is None else done[rows] | last,
+        torch.zeros_like(last) if terminated is None else terminated[rows],
+        head if init is None else init[rows] | head,
+    ])
+    return rows, marks
 
 
-def _check(slots: torch.Tensor, start: torch.Tensor, stop: torch.Tensor, front: torch.Tensor, count: torch.Tensor,
-           uniforms: torch.Tensor, capacity: int, seq_length: int) -> None:
-    for name, tensor in (("slots", slots), ("start", start), ("stop", stop), ("front", front), ("count", count)):
+def _check(slots: torch.Tensor, start: torch.Tensor, stop: torch.Tensor, front: torch.Tensor, back: torch.Tensor,
+           uniforms: torch.Tensor, capacity: int, seq_length: int, flags: tuple) -> None:
+    if not isinstance(uniforms, torch.Tensor) or uniforms.dtype != torch.float64 or uniforms.ndim != 1:
+        raise TypeError("uniforms must be a 1-D float64 tensor")
+    for name, tensor in (("slots", slots), ("start", start), ("stop", stop), ("front", front), ("back", back)):
         if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.int64 or tensor.ndim != 1:
             raise TypeError(f"{name} must be a 1-D int64 tensor")
         if tensor.device != uniforms.device:
             raise ValueError(f"{name} is on {tensor.device}, uniforms on {uniforms.device}")
-    if not isinstance(uniforms, torch.Tensor) or uniforms.dtype != torch.float64 or uniforms.ndim != 1:
-        raise TypeError("uniforms must be a 1-D float64 tensor")
     if uniforms.numel() % 2:
         raise ValueError(f"uniforms must hold two draws per slice, got {uniforms.numel()}")
     if capacity <= 0 or seq_length <= 0 or min(slots.numel(), start.numel(), stop.numel()) < capacity:
         raise ValueError("capacity and seq_length must be positive and the tables at least capacity long")
+    for name, flag in zip(MARKS[1:], flags):
+        if flag is None:
+            continue
+        if not isinstance(flag, torch.Tensor) or flag.dtype != torch.bool or flag.ndim != 1:
+            raise TypeError(f"{name} must be a 1-D bool tensor or None")
+        if flag.device != uniforms.device or flag.numel() < capacity:
+            raise ValueError(f"{name} must hold at least capacity flags on {uniforms.device}")
 
 
 def slice_windows(
@@ -78,15 +108,18 @@ def slice_windows(
     start: torch.Tensor,
     stop: torch.Tensor,
     front: torch.Tensor,
-    count: torch.Tensor,
+    back: torch.Tensor,
     uniforms: torch.Tensor,
     lower: int,
     capacity: int,
     seq_length: int,
+    done: torch.Tensor | None = None,
+    terminated: torch.Tensor | None = None,
+    init: torch.Tensor | None = None,
     *,
     backend: str = "auto",
-) -> torch.Tensor:
-    """The slice-window draw of :func:`slice_windows_ref`, dispatched by device.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The slice-window draw of :func:`slice_windows_ref`, dispatched through the backend table.
 
     Args:
         As :func:`slice_windows_ref`; ``backend`` is ``"auto"``, ``"torch"``, ``"triton"`` or
@@ -96,17 +129,21 @@ def slice_windows(
         TypeError, ValueError: inputs of the wrong dtype, shape or device.
         BackendUnavailableError: an explicit backend that cannot run here.
     """
-    _check(slots, start, stop, front, count, uniforms, capacity, seq_length)
-    which = resolve_backend(uniforms, backend, has_cpu_kernel=True)
+    flags = (done, terminated, init)
+    _check(slots, start, stop, front, back, uniforms, capacity, seq_length, flags)
+    which = resolve("slice_windows", uniforms, backend)
+    if which == "torch":
+        return slice_windows_ref(slots, start, stop, front, back, uniforms, lower, capacity, seq_length, *flags)
+    kernel = implementation("slice_windows", which)
     if which == "triton":
-        return kernel_module("slice").slice_windows_triton(
-            slots, start, stop, front, count, uniforms, lower, capacity, seq_length
-        )
-    if which == "numba":
-        out = torch.empty(uniforms.numel() // 2 * seq_length, dtype=torch.int64)
-        kernel_module("cpu.slice").slice_windows(
-            slots.numpy(), start.numpy(), stop.numpy(), int(front[0]), int(count[0]), uniforms.contiguous().numpy(),
-            lower, capacity, seq_length, out.numpy(),
-        )
-        return out
-    return slice_windows_ref(slots, start, stop, front, count, uniforms, lower, capacity, seq_length)
+        return kernel(slots, start, stop, front, back, uniforms, lower, capacity, seq_length, *flags)
+    n = uniforms.numel() // 2 * seq_length
+    rows = torch.empty(n, dtype=torch.int64)
+    marks = torch.empty(len(MARKS), n, dtype=torch.bool)
+    none = torch.zeros(1, dtype=torch.bool)  # stands for an absent flag column
+    arrays = [(none if f is None else f).numpy() for f in flags]
+    kernel(
+        slots.numpy(), start.numpy(), stop.numpy(), int(front[0]), int(back[0]), uniforms.contiguous().numpy(), lower,
+        capacity, seq_length, *arrays, *(f is not None for f in flags), rows.numpy(), marks.numpy(),
+    )
+    return rows, marks

@@ -10,5 +10,6 @@ from gpubuf.samplers.prioritized_slice import PrioritizedSliceSampler
 from gpubuf.samplers.shared import SharedPrioritizedSampler
 from gpubuf.samplers.random import RandomSampler, SamplerWithoutReplacement
 from gpubuf.samplers.slice import SliceSampler, SliceSamplerWithoutReplacement
+from gpubuf.samplers.streaming_slice import StreamingSliceSampler
 
-__all__ = ["Sampler", "ConsumingSampler", "PromptGroupSampler", "StalenessAwareSampler", "RandomSampler", "SamplerWithoutReplacement", "PrioritizedSampler", "SharedPrioritizedSampler", "SamplerEnsemble", "SliceSampler", "SliceSamplerWithoutReplacement", "PrioritizedSliceSampler"]
+__all__ = ["Sampler", "ConsumingSampler", "PromptGroupSampler", "StalenessAwareSampler", "RandomSampler", "SamplerWithoutReplacement", "PrioritizedSampler", "SharedPrioritizedSampler", "SamplerEnsemble", "SliceSampler", "SliceSamplerWithoutReplacement", "PrioritizedSliceSampler", "StreamingSliceSampler"]

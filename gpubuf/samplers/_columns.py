@@ -14,7 +14,7 @@ import torch
 from gpubuf.errors import SchemaMismatchError
 from gpubuf.storages.tensor import TensorStorage
 
-__all__ = ["as_key", "has_key", "read_key"]
+__all__ = ["as_key", "has_key", "read_key", "flag_column"]
 
 
 def as_key(key: Any) -> tuple:
@@ -76,6 +76,24 @@ def read_key(storage: Any, key: tuple, index: tuple[torch.Tensor, ...]) -> torch
     data = _batch(storage.get(index if len(index) > 1 else index[0]))
     getter = getattr(data, "get", None)
     return None if getter is None else getter(key, None)
+
+
+def flag_column(storage: Any, key: tuple, rows: int, device: torch.device) -> tuple[bool, torch.Tensor | None]:
+    """A stored flag entry as a ``bool [rows]`` view of the leaf, for kernels that read it by row.
+
+    Returns:
+        ``(True, column)`` for a tensor storage's ``bool [rows, 1]`` leaf on ``device``;
+        ``(True, None)`` when a tensor storage does not hold ``key``; ``(False, None)`` when the
+        entry is held in another form (or another storage kind): read it with :func:`read_key`.
+    """
+    if not isinstance(storage, TensorStorage):
+        return False, None
+    leaf = _leaf(storage, key)
+    if leaf is None:
+        return True, None
+    if leaf.dtype != torch.bool or tuple(leaf.shape) != (rows, 1) or not leaf.is_contiguous() or leaf.device != device:
+        return False, None
+    return True, leaf.view(rows)
 
 
 def flags_per_column(values: torch.Tensor, rows: int, columns: int, key: tuple) -> torch.Tensor:

@@ -141,13 +141,16 @@ class EpisodeIndex:
         k = (uniforms * total).to(torch.int64)
         return self.pick(elig, k)
 
-    def windows(self, pool: int, length: int, uniforms: torch.Tensor) -> torch.Tensor:
-        """Rows of ``S = uniforms.numel() // 2`` windows of ``length`` steps in trajectories drawn
-        among those at least ``pool`` long (one column only): see :func:`slice_windows`."""
+    def windows(
+        self, pool: int, length: int, uniforms: torch.Tensor, flags: tuple = (None, None, None), backend: str = "auto"
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows and marks of ``S = uniforms.numel() // 2`` windows of ``length`` steps in
+        trajectories drawn among those at least ``pool`` long (one column only), with the stored
+        ``(done, terminated, init)`` flag columns ``flags``: see :func:`slice_windows`."""
         elig = self.eligible(pool)
         return slice_windows(
-            elig.slots[0], self.start[0], self.stop[0], elig.front, elig.back - elig.front, uniforms,
-            self.lower, self.capacity, length,
+            elig.slots[0], self.start[0], self.stop[0], elig.front, elig.back, uniforms,
+            self.lower, self.capacity, length, *flags, backend=backend,
         )
 
     def pick(self, elig: _Eligible, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import torch
 
 from gpubuf.errors import TrajectoryLengthError
+from gpubuf.ops._dispatch import device_path
 from gpubuf.ops.sumtree import SumTree, importance_weights, sumtree_sample, sumtree_update
 from gpubuf.samplers._episodes import EpisodeIndex
 from gpubuf.samplers.prioritized import PrioritizedSampler
@@ -263,28 +264,37 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         if self._excluded_for != seq_length:
             self._refresh_all(index, seq_length)
         tree = self._tree
-        if tree.device.type == "cpu" and not tree.total().item() > 0:
+        # On the device path an empty tree is the draw kernel's error (no host read here).
+        if not device_path(tree.leaves, self._backend) and not tree.total().item() > 0:
             raise self._no_trajectory(seq_length)
-        flat, value = sumtree_sample(tree, self._draw_uniforms(num_slices, tree.device), stratified=self.stratified)
+        flat, value = sumtree_sample(
+            tree, self._draw_uniforms(num_slices, tree.device), stratified=self.stratified, backend=self._backend
+        )
         p_min = torch.minimum(tree.min(), self._held.min())
-        weight = importance_weights(value, p_min, self._beta)
+        weight = importance_weights(value, p_min, self._beta).to(index.device)
         flat = flat.to(index.device)
+        if self.strict_length and not self.span[1]:
+            # A window's rows follow its start's physical row around the ring (an absolute time and
+            # its row agree modulo the capacity).
+            if index.columns == 1:
+                rows = ((flat.unsqueeze(1) + self._offsets(seq_length, flat.device)) % index.capacity).reshape(-1)
+                cols = None
+            else:
+                row, col = flat // index.columns, flat % index.columns
+                rows = ((row.unsqueeze(1) + self._offsets(seq_length, flat.device)) % index.capacity).reshape(-1)
+                cols = col.unsqueeze(1).expand(-1, seq_length).reshape(-1)
+            out, info = self._finish(storage, index, rows, cols, num_slices, seq_length, None, None, init=False)
+            info["priority_weight"] = weight.unsqueeze(1).expand(-1, seq_length).reshape(-1)
+            return out, info
         row, col = flat // index.columns, flat % index.columns
         tau = index.absolute(row)
-        if self.strict_length and not self.span[1]:
-            steps = tau.unsqueeze(1) + torch.arange(seq_length, device=tau.device)
-            rows = (steps % index.capacity).reshape(-1)
-            cols = col.unsqueeze(1).expand(-1, seq_length).reshape(-1)
-            out, info = self._finish(storage, index, rows, cols, num_slices, seq_length, None, None, init=False)
-            info["priority_weight"] = weight.to(index.device).repeat_interleave(seq_length)
-            return out, info
         _, stop = index.trajectory_of(col, row)
         seq = (stop - tau + 1).clamp_max(seq_length)
         slice_of = torch.repeat_interleave(torch.arange(num_slices, device=seq.device), seq)
         offsets = torch.arange(slice_of.shape[0], device=seq.device) - (seq.cumsum(0) - seq)[slice_of]
         rows = (tau[slice_of] + offsets) % index.capacity
         out, info = self._finish(storage, index, rows, col[slice_of], num_slices, seq, None, None, init=False)
-        info["priority_weight"] = weight.to(index.device)[slice_of]
+        info["priority_weight"] = weight[slice_of]
         return out, info
 
     def _no_trajectory(self, seq_length: int) -> TrajectoryLengthError:

@@ -23,9 +23,11 @@ from gpubuf.errors import (
     SliceArgumentError,
     TrajectoryKeyError,
     TrajectoryLengthError,
+    UnsupportedOptionError,
 )
-from gpubuf.samplers._columns import as_key, flags_per_column, has_key, read_key
+from gpubuf.samplers._columns import as_key, flag_column, flags_per_column, has_key, read_key
 from gpubuf.samplers._episodes import EpisodeIndex
+from gpubuf.samplers._fragments import FragmentIndex
 from gpubuf.samplers.base import Sampler
 from gpubuf.samplers.random import SamplerWithoutReplacement, _check_batch_size
 
@@ -107,7 +109,13 @@ class SliceSampler(Sampler):
             least ``L - i`` steps), or a pair ``(left, right)``.
         use_gpu: accepted for TorchRL compatibility: the boundaries live on the storage's
             device.
-        step_key, fragmented: accepted; ``fragmented=True`` is not supported.
+        step_key: the entry holding each step's number within its trajectory (a
+            non-negative int), read with ``fragmented=True`` only. Defaults to ``"step_count"``.
+        fragmented: rebuild trajectories from ``traj_key`` and ``step_key`` wherever their steps
+            are stored (interleaved writers): a run is the steps of one trajectory with
+            consecutive numbers, a missing step splitting it. One-dimensional storages, with
+            replacement; not with ``span``, ``compile``, ``ends`` or ``trajectories``. The
+            records are set by writes; the runs are packed once per write, not per draw.
 
     Storages:
         Any storage written round robin (the default writer). Tensor and memmap storages are
@@ -127,8 +135,13 @@ class SliceSampler(Sampler):
         SliceArgumentError: both or neither of ``num_slices`` and ``slice_len``, a
             non-positive one, exclusive arguments together, ``pad_output`` with
             ``strict_length``, ``ends``/``trajectories`` without ``cache_values``.
-        NotImplementedError: ``fragmented=True``.
+        UnsupportedOptionError: ``fragmented=True`` with ``span`` or ``compile``, or in a
+            subclass (a ``NotImplementedError``, as in TorchRL).
     """
+
+    #: TorchRL's class-level defaults.
+    fragmented: bool = False
+    step_key: Any = "step_count"
 
     def __init__(
         self,
@@ -159,7 +172,7 @@ class SliceSampler(Sampler):
         num_slices = _positive_int("num_slices", num_slices)
         slice_len = _positive_int("slice_len", slice_len)
         if fragmented:
-            raise NotImplementedError("fragmented=True is not supported by gpubuf's SliceSampler")
+            self._check_fragmented(step_key, ends, trajectories, span, compile)
         if end_key is not None and end_keys is not None:
             raise SliceArgumentError("`end_key` and `end_keys` are exclusive arguments: pass one of them")
         if pad_output and strict_length:
@@ -184,7 +197,8 @@ class SliceSampler(Sampler):
         self.end_keys = None if end_keys is None else tuple(as_key(k) for k in end_keys)
         self.traj_key = traj_key
         self.step_key = step_key
-        self.fragmented = False
+        self.fragmented = bool(fragmented)
+        self._fragments: FragmentIndex | None = None
         self.cache_values = bool(cache_values)
         self.truncated_key = truncated_key
         self.init_key = init_key
@@ -203,6 +217,21 @@ class SliceSampler(Sampler):
         if static is not None:
             self._static = self._static_index(trajectories=trajectories, ends=ends)
 
+    def _check_fragmented(self, step_key: Any, ends: Any, trajectories: Any, span: Any, compile: Any) -> None:
+        if type(self).sample is not SliceSampler.sample:
+            raise UnsupportedOptionError("fragmented=True currently supports SliceSampler with replacement only.")
+        if step_key is None:
+            raise SliceArgumentError("step_key must be provided when fragmented=True.")
+        if ends is not None or trajectories is not None:
+            raise SliceArgumentError(
+                "fragmented=True reads trajectory ids and step numbers from the storage: the static ends and "
+                "trajectories arguments cannot be used with it; pass traj_key and step_key."
+            )
+        if any(_span(span)):
+            raise UnsupportedOptionError("span is not supported with fragmented=True.")
+        if compile:
+            raise UnsupportedOptionError("compile is not supported with fragmented=True.")
+
     # ------------------------------------------------------------------ writes
     def add(self, index: Any) -> None:
         """Notes the row written at ``index``; its boundary entry is read before the next draw."""
@@ -218,6 +247,7 @@ class SliceSampler(Sampler):
         """Rows written behind the buffer's back: the boundaries are rebuilt at the next draw."""
         self._index = None
         self._pending = []
+        self._fragments = None
 
     def _note(self, index: torch.Tensor) -> None:
         if self._static is not None:
@@ -227,6 +257,7 @@ class SliceSampler(Sampler):
 
     def _empty(self) -> None:
         self._index = None
+        self._fragments = None
         self._pending = []
         self._last = None
         self._nonempty = {}
@@ -471,10 +502,100 @@ class SliceSampler(Sampler):
             EmptyBufferError: the storage holds nothing.
             TrajectoryKeyError: the storage holds no boundary entry.
             TrajectoryLengthError: ``strict_length=True`` and no trajectory is ``L`` long.
+            TrajectoryStepError: with ``fragmented=True``, stored ids or step numbers that are
+                not one integer per step, a negative step, or a repeated trajectory-step pair.
         """
+        if self.fragmented:
+            return self._sample_fragmented(storage, batch_size)
         index, seq_length, num_slices = self._prepare(storage, batch_size)
         u = self._draw_uniforms(2 * num_slices, index.device)
         return self._slices(storage, index, seq_length, num_slices, u, None)
+
+    # ------------------------------------------------------------------ fragmented trajectories
+    def _fragment_keys(self, storage: Any) -> tuple[tuple, tuple]:
+        """``(traj_key, step_key)`` of a fragmented sampler, the trajectory key resolved as usual."""
+        if self._source is None:
+            self._source = self._resolve_source(storage)
+        kind, key = self._source
+        if kind != "traj":
+            raise TrajectoryKeyError(
+                "fragmented=True requires a trajectory identifier under traj_key; end-of-trajectory flags alone "
+                f"cannot reconstruct interleaved data (the storage has no {self.traj_key or _AUTO_TRAJ_KEYS!r})"
+            )
+        return key, as_key(self.step_key)
+
+    def _sync_fragments(self, storage: Any) -> FragmentIndex:
+        """The per-row records, brought up to date with the rows written since the last draw
+        (every stored row after a write the sampler did not follow, or a load)."""
+        if getattr(storage, "ndim", 1) != 1:
+            raise UnsupportedOptionError(
+                f"fragmented=True supports one-dimensional storages only, got a storage with ndim={storage.ndim}"
+            )
+        keys = self._fragment_keys(storage)
+        size = len(storage)
+        fragments = self._fragments
+        if fragments is None:
+            fragments, rows = FragmentIndex(), torch.arange(size)
+        else:
+            parts = [p.reshape(-1).to("cpu", torch.int64) for p in self._pending]
+            rows = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+            rows = rows[(rows >= 0) & (rows < size)]
+        if rows.numel():
+            traj, step = read_key(storage, keys[0], (rows,)), read_key(storage, keys[1], (rows,))
+            if traj is None or step is None:
+                missing = keys[0] if traj is None else keys[1]
+                raise TrajectoryKeyError(
+                    f"fragmented=True reads {missing!r} of every stored step, and the storage does not hold it: "
+                    "write it with the data, or pass traj_key / step_key naming entries it holds"
+                )
+            fragments.set(rows, traj, step, keys)  # raises before changing anything
+        fragments.truncate(size)
+        self._fragments, self._pending = fragments, []
+        return fragments
+
+    def _sample_fragmented(self, storage: Any, batch_size: int) -> tuple[tuple[torch.Tensor, ...], dict]:
+        """TorchRL's fragmented draw: a run uniformly among those long enough, a start uniform in it
+        (``randint`` then ``rand`` from the sampler's generator, as TorchRL draws them)."""
+        batch_size = _check_batch_size(batch_size)
+        seq_length, num_slices = self._adjusted_batch_size(batch_size)
+        if len(storage) == 0:
+            raise EmptyBufferError(_EMPTY)
+        fragments = self._sync_fragments(storage)
+        ordered, offsets, lengths = fragments.runs(self._fragment_keys(storage))
+        if lengths.numel() == 0:
+            raise EmptyBufferError("no stored step carries a trajectory record to sample from")
+        rng = self._rng
+        draw = {"device": "cpu"} if rng is None else {"generator": rng, "device": rng.device}
+        target = None
+        if self.strict_length:
+            eligible = lengths >= seq_length
+            if not bool(eligible.any()):
+                raise self._no_trajectory(seq_length)
+            offsets, lengths = offsets[eligible], lengths[eligible]
+            run = torch.randint(lengths.shape[0], (num_slices,), **draw).cpu()
+            seq: int | torch.Tensor = seq_length
+        else:
+            run = torch.randint(lengths.shape[0], (num_slices,), **draw).cpu()
+            seq = lengths[run].clamp_max(seq_length)
+            target = seq_length if self.pad_output else None
+        available = lengths[run] - seq + 1
+        first = offsets[run] + (torch.rand(num_slices, **draw).cpu() * available).floor().to(torch.int64)
+        device = self._storage_device_of(storage)
+        mask = None
+        if target is not None:
+            steps = torch.arange(target)
+            mask = (steps.unsqueeze(0) < seq.unsqueeze(1)).reshape(-1).to(device)
+            rows = ordered[first.unsqueeze(1) + torch.minimum(steps.unsqueeze(0), (seq - 1).unsqueeze(1))]
+        elif isinstance(seq, int):
+            rows = ordered[first.unsqueeze(1) + torch.arange(seq)]
+        else:
+            slice_of = torch.repeat_interleave(torch.arange(num_slices), seq)
+            within = torch.arange(slice_of.shape[0]) - (seq.cumsum(0) - seq)[slice_of]
+            rows = ordered[first[slice_of] + within]
+        rows = rows.reshape(-1).to(device)
+        if isinstance(seq, torch.Tensor):
+            seq = seq.to(device)
+        return self._finish(storage, None, rows, None, num_slices, seq, target, mask)
 
     def _slices(
         self,
@@ -495,8 +616,12 @@ class SliceSampler(Sampler):
         pool = seq_length if self.strict_length else 1
         ragged = any_short or any(self.span)
         if not ragged and picked is None and index.columns == 1:
-            # The common case: one launch (or compiled loop) draws and lists every window.
-            rows = index.windows(pool, seq_length, u)
+            # The common case: one launch (or compiled loop) draws and lists every window and,
+            # where the flags are plain columns of the storage, marks its steps for the info.
+            flags = self._flag_columns(storage, index)
+            rows, marks = index.windows(pool, seq_length, u, flags or (None, None, None), self._backend)
+            if flags is not None:
+                return self._finish_marked(rows, marks, init=flags[2] is not None)
             return self._finish(storage, index, rows, None, num_slices, seq_length, None, None)
         u_traj, u_start = u[:num_slices], u[num_slices:]
         if picked is None:
@@ -547,6 +672,39 @@ class SliceSampler(Sampler):
         offsets = torch.arange(slice_of.shape[0], device=seq.device) - (seq.cumsum(0) - seq)[slice_of]
         rows = ((first[slice_of] + offsets) % index.capacity).reshape(-1)
         return self._finish(storage, index, rows, col[slice_of], seq.shape[0], seq, None, None)
+
+    def _flag_columns(self, storage: Any, index: EpisodeIndex) -> tuple | None:
+        """The stored ``(done, terminated, init)`` flags the info entries read, as ``bool [T]``
+        columns (None for one not stored, or not asked for), or None when one is stored in
+        another form (then :meth:`_finish` reads them)."""
+        if getattr(storage, "ndim", 1) != 1:
+            return None
+        keys = [None, None, None]
+        if self.truncated_key is not None:
+            truncated_key = as_key(self.truncated_key)
+            keys[0], keys[1] = _replace_last(truncated_key, "done"), _replace_last(truncated_key, "terminated")
+        if self.init_key is not None:
+            keys[2] = as_key(self.init_key)
+        columns = []
+        for key in keys:
+            usable, column = (True, None) if key is None else flag_column(storage, key, index.capacity, index.device)
+            if not usable:
+                return None
+            columns.append(column)
+        return tuple(columns)
+
+    def _finish_marked(self, rows: torch.Tensor, marks: torch.Tensor, *, init: bool) -> tuple[tuple[torch.Tensor], dict]:
+        """:meth:`_finish`'s index and info for a one-dimensional storage, from the marks the
+        window draw wrote (``init``: the storage holds the init flag)."""
+        info: dict = {}
+        if self.truncated_key is not None:
+            truncated_key = as_key(self.truncated_key)
+            info[_out_key(truncated_key)] = marks[0].unsqueeze(-1)
+            info[_out_key(_replace_last(truncated_key, "done"))] = marks[1].unsqueeze(-1)
+            info[_out_key(_replace_last(truncated_key, "terminated"))] = marks[2].unsqueeze(-1)
+        if init and self.init_key is not None:
+            info[_out_key(as_key(self.init_key))] = marks[3].unsqueeze(-1)
+        return (rows,), info
 
     def _nonempty_equal(self, index: EpisodeIndex, seq_length: int) -> bool:
         """Whether every trajectory is at least ``seq_length`` long (no short one)."""
@@ -690,6 +848,7 @@ class SliceSampler(Sampler):
             self._index = index
         self._source = source
         self._pending = pending
+        self._fragments = None  # fragmented records are read again in full at the next draw
         self._last = None if last is None else torch.as_tensor(last).clone()
         self._nonempty = {}
 

@@ -391,6 +391,8 @@ class TensorStorage(Storage):
         if not isinstance(index, (torch.Tensor, tuple)):
             return torch.as_tensor(np.asarray(index), dtype=torch.long)
         if isinstance(index, tuple):
+            if len(index) == 1:
+                return index[0]
             flat = torch.zeros_like(index[0])
             for dim, idx in enumerate(index):
                 size = self._leaves[0].shape[dim]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import triton
 import triton.language as tl
@@ -18,21 +20,28 @@ def _slice_windows_kernel(
     start_ptr,  # int64 [>= T]: absolute start time per slot
     stop_ptr,  # int64 [>= T]: absolute stop time per slot
     front_ptr,  # int64 [1]
-    count_ptr,  # int64 [1]
+    back_ptr,  # int64 [1]
     u_ptr,  # float64 [2 * S]
-    out_ptr,  # int64 [S * L]
+    done_ptr,  # bool [>= T]: stored done flag per row (read when HAS_DONE)
+    terminated_ptr,  # bool [>= T] (read when HAS_TERMINATED)
+    init_ptr,  # bool [>= T] (read when HAS_INIT)
+    rows_ptr,  # int64 [S * L]: out, the windows' rows
+    marks_ptr,  # bool [4, S * L]: out, truncated / done / terminated / init per step
     num_slices,
     capacity,
     lower,
     seq_length,
     BLOCK: tl.constexpr,
     BLOCK_L: tl.constexpr,
+    HAS_DONE: tl.constexpr,
+    HAS_TERMINATED: tl.constexpr,
+    HAS_INIT: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     mask = offs < num_slices
     front = tl.load(front_ptr)
-    count = tl.load(count_ptr)
+    count = tl.load(back_ptr) - front
     u_traj = tl.load(u_ptr + offs, mask=mask, other=0.0)
     u_start = tl.load(u_ptr + num_slices + offs, mask=mask, other=0.0)
     k = (u_traj * count.to(tl.float64)).to(tl.int64)
@@ -44,7 +53,25 @@ def _slice_windows_kernel(
     j = tl.arange(0, BLOCK_L).to(tl.int64)
     rows = (first[:, None] + j[None, :]) % capacity
     where = offs[:, None] * seq_length + j[None, :]
-    tl.store(out_ptr + where, rows, mask=mask[:, None] & (j[None, :] < seq_length))
+    inside = mask[:, None] & (j[None, :] < seq_length)
+    tl.store(rows_ptr + where, rows, mask=inside)
+    # The marks: one row of S * L flags each (int1 values stored as torch.bool bytes).
+    total = num_slices * seq_length
+    last = (j[None, :] == seq_length - 1) & inside
+    head = (j[None, :] == 0) & inside
+    done = last
+    if HAS_DONE:
+        done = done | (tl.load(done_ptr + rows, mask=inside, other=0) != 0)
+    terminated = tl.zeros([BLOCK, BLOCK_L], dtype=tl.int1)
+    if HAS_TERMINATED:
+        terminated = tl.load(terminated_ptr + rows, mask=inside, other=0) != 0
+    init = head
+    if HAS_INIT:
+        init = init | (tl.load(init_ptr + rows, mask=inside, other=0) != 0)
+    tl.store(marks_ptr + where, last, mask=inside)
+    tl.store(marks_ptr + total + where, done, mask=inside)
+    tl.store(marks_ptr + 2 * total + where, terminated, mask=inside)
+    tl.store(marks_ptr + 3 * total + where, init, mask=inside)
 
 
 def slice_windows_triton(
@@ -52,48 +79,61 @@ def slice_windows_triton(
     start: torch.Tensor,
     stop: torch.Tensor,
     front: torch.Tensor,
-    count: torch.Tensor,
+    back: torch.Tensor,
     uniforms: torch.Tensor,
     lower: int,
     capacity: int,
     seq_length: int,
+    done: torch.Tensor | None = None,
+    terminated: torch.Tensor | None = None,
+    init: torch.Tensor | None = None,
     *,
     block: int | None = None,
-) -> torch.Tensor:
-    """One launch: the ``int64 [S * L]`` window rows of ``S = uniforms.numel() // 2`` slices.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One launch: ``int64 [S * L]`` window rows and ``bool [4, S * L]`` marks of ``S = uniforms.numel() // 2`` slices.
 
     Raises:
         ValueError: inputs not on one CUDA device (or CPU under the interpreter), or not contiguous.
     """
     check_launch_device(uniforms.device, "slice_windows_triton")
-    for name, tensor in (("slots", slots), ("start", start), ("stop", stop), ("uniforms", uniforms)):
+    flags = (done, terminated, init)
+    for name, tensor in (("slots", slots), ("start", start), ("stop", stop), ("uniforms", uniforms),
+                         *((n, f) for n, f in zip(("done", "terminated", "init"), flags) if f is not None)):
         if not tensor.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
     num_slices = uniforms.numel() // 2
-    out = torch.empty(num_slices * seq_length, dtype=torch.int64, device=uniforms.device)
+    n = num_slices * seq_length
+    rows = torch.empty(n, dtype=torch.int64, device=uniforms.device)
+    marks = torch.empty(4, n, dtype=torch.bool, device=uniforms.device)
     if num_slices == 0:
-        return out
+        return rows, marks
     block = block or SLICE_WINDOWS["BLOCK"]
     block_l = triton.next_power_of_2(seq_length)
     grid = (triton.cdiv(num_slices, block),)
     launch(
-        _slice_windows_kernel, grid, slots, start, stop, front, count, uniforms, out, num_slices, capacity, lower, seq_length,
-        BLOCK=block, BLOCK_L=block_l, num_warps=SLICE_WINDOWS["num_warps"],
+        _slice_windows_kernel, grid, slots, start, stop, front, back, uniforms,
+        *(marks if f is None else f for f in flags), rows, marks, num_slices, capacity, lower, seq_length,
+        BLOCK=block, BLOCK_L=block_l, HAS_DONE=done is not None, HAS_TERMINATED=terminated is not None,
+        HAS_INIT=init is not None, num_warps=SLICE_WINDOWS["num_warps"],
     )
-    return out
+    return rows, marks
 
 
 #: What the launcher compiles, for the ahead-of-time check (``gpubuf.tools.aot``): slices of up to
-#: 64 steps (``BLOCK_L`` is the next power of two of the slice length).
+#: 64 steps (``BLOCK_L`` is the next power of two of the slice length), with and without each
+#: stored flag column.
 SPECIALIZATIONS = [
     {
         "kernel": "_slice_windows_kernel",
-        "label": f"BLOCK_L={block_l}",
+        "label": f"BLOCK_L={block_l},HAS_DONE={int(has_done)},HAS_TERMINATED={int(has_term)},HAS_INIT={int(has_init)}",
         "signature": {"slots_ptr": "*i64", "start_ptr": "*i64", "stop_ptr": "*i64", "front_ptr": "*i64",
-                      "count_ptr": "*i64", "u_ptr": "*fp64", "out_ptr": "*i64", "num_slices": "i32",
+                      "back_ptr": "*i64", "u_ptr": "*fp64", "done_ptr": "*i1", "terminated_ptr": "*i1",
+                      "init_ptr": "*i1", "rows_ptr": "*i64", "marks_ptr": "*i1", "num_slices": "i32",
                       "capacity": "i64", "lower": "i64", "seq_length": "i32"},
-        "constexprs": {"BLOCK": SLICE_WINDOWS["BLOCK"], "BLOCK_L": block_l},
+        "constexprs": {"BLOCK": SLICE_WINDOWS["BLOCK"], "BLOCK_L": block_l, "HAS_DONE": has_done,
+                       "HAS_TERMINATED": has_term, "HAS_INIT": has_init},
         "num_warps": SLICE_WINDOWS["num_warps"],
     }
     for block_l in (32, 64)
+    for has_done, has_term, has_init in itertools.product((False, True), repeat=3)
 ]

@@ -45,10 +45,6 @@ RAY_SERVICE_PARAMS = {"service_backend", "service_backend_options", "transport",
 # Names not provided yet, with the reason; each is an expected failure (strict: the entry must go
 # once the name and all its members work).
 PENDING: dict[str, str] = {
-    "StreamingSliceSampler": "slices of a stream whose episode boundaries are not stored: not provided yet",
-    "SliceSampler": "TorchRL's fragmented and step_key options are not provided yet",
-    "SliceSamplerWithoutReplacement": "TorchRL's fragmented and step_key options are not provided yet",
-    "PrioritizedSliceSampler": "TorchRL's fragmented and step_key options are not provided yet",
     "RayReplayBuffer": "the actor-side buffer's members (sampler, storage, writer, transform, conditional and bulk "
     "writes, query) are not forwarded yet, and replay_buffer_cls defaults to gpubuf's ReplayBuffer",
 }

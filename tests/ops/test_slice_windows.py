@@ -31,45 +31,59 @@ def _tables(seed: int, capacity: int, seq_length: int, wrap: bool):
     slots = torch.zeros(capacity + 1, dtype=torch.int64)
     for position, i in enumerate(eligible):
         slots[(front + position) % capacity] = i
-    return slots, start, stop, torch.tensor([front]), torch.tensor([len(eligible)]), lower, eligible
+    return slots, start, stop, torch.tensor([front]), torch.tensor([front + len(eligible)]), lower, eligible
 
 
 @pytest.mark.parametrize("wrap", [False, True])
 @pytest.mark.parametrize("seq_length", [1, 3, 8])
 def test_twin_matches_brute_force(wrap, seq_length):
     capacity = 61
-    slots, start, stop, front, count, lower, eligible = _tables(1, capacity, seq_length, wrap)
+    slots, start, stop, front, back, lower, eligible = _tables(1, capacity, seq_length, wrap)
     u = torch.rand(2 * 33, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
-    got = slice_windows_ref(slots, start, stop, front, count, u, lower, capacity, seq_length).view(33, seq_length)
+    flags = torch.rand(3, capacity + 1, generator=torch.Generator().manual_seed(3)) < 0.3
+    got, marks = slice_windows_ref(slots, start, stop, front, back, u, lower, capacity, seq_length, *flags)
+    got, marks = got.view(33, seq_length), marks.view(4, 33, seq_length)
     for s in range(33):
         g = eligible[math.floor(float(u[s]) * len(eligible))]
         a = max(int(start[g % capacity]), lower)
         n = int(stop[g % capacity]) - a + 1
         first = a + math.floor(float(u[33 + s]) * (n - seq_length + 1))
-        assert got[s].tolist() == [(first + j) % capacity for j in range(seq_length)]
+        rows = [(first + j) % capacity for j in range(seq_length)]
+        assert got[s].tolist() == rows
+        last = [j == seq_length - 1 for j in range(seq_length)]
+        assert marks[0, s].tolist() == last
+        assert marks[1, s].tolist() == [bool(flags[0, r]) or e for r, e in zip(rows, last)]
+        assert marks[2, s].tolist() == [bool(flags[1, r]) for r in rows]
+        assert marks[3, s].tolist() == [bool(flags[2, r]) or j == 0 for j, r in enumerate(rows)]
 
 
 @pytest.mark.parametrize("backend", ["triton", "numba"])
-@pytest.mark.parametrize("slices", [1, 31, 32, 33])
-def test_backends_match_the_twin(backend, slices):
+@pytest.mark.parametrize(("slices", "present"), [(1, (1, 1, 1)), (31, (0, 0, 0)), (32, (1, 0, 1)), (33, (1, 1, 0))])
+def test_backends_match_the_twin(backend, slices, present):
     if backend == "numba" and not numba_importable():
         pytest.skip("numba is not installed")
     capacity, seq_length = 97, 5
-    slots, start, stop, front, count, lower, _ = _tables(3, capacity, seq_length, True)
+    slots, start, stop, front, back, lower, _ = _tables(3, capacity, seq_length, True)
     u = torch.rand(2 * slices, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     u[0] = 1.0 - 2.0**-53  # the largest uniform still lands in range
-    want = slice_windows_ref(slots, start, stop, front, count, u, lower, capacity, seq_length)
-    got = slice_windows(slots, start, stop, front, count, u, lower, capacity, seq_length, backend=backend)
-    assert torch.equal(got, want)
-    assert int(got.min()) >= 0 and int(got.max()) < capacity
+    flags = torch.rand(3, capacity, generator=torch.Generator().manual_seed(5)) < 0.5
+    flags = [f if p else None for f, p in zip(flags, present)]
+    want = slice_windows_ref(slots, start, stop, front, back, u, lower, capacity, seq_length, *flags)
+    got = slice_windows(slots, start, stop, front, back, u, lower, capacity, seq_length, *flags, backend=backend)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert int(got[0].min()) >= 0 and int(got[0].max()) < capacity
 
 
 def test_bad_inputs_raise():
-    slots, start, stop, front, count, lower, _ = _tables(5, 20, 2, False)
+    slots, start, stop, front, back, lower, _ = _tables(5, 20, 2, False)
     u = torch.rand(6, dtype=torch.float64)
     with pytest.raises(TypeError):
-        slice_windows(slots.to(torch.int32), start, stop, front, count, u, lower, 20, 2)
+        slice_windows(slots.to(torch.int32), start, stop, front, back, u, lower, 20, 2)
     with pytest.raises(TypeError):
-        slice_windows(slots, start, stop, front, count, u.float(), lower, 20, 2)
+        slice_windows(slots, start, stop, front, back, u.float(), lower, 20, 2)
     with pytest.raises(ValueError):
-        slice_windows(slots, start, stop, front, count, u[:5], lower, 20, 2)
+        slice_windows(slots, start, stop, front, back, u[:5], lower, 20, 2)
+    with pytest.raises(TypeError):
+        slice_windows(slots, start, stop, front, back, u, lower, 20, 2, done=torch.zeros(20, dtype=torch.uint8))
+    with pytest.raises(ValueError):
+        slice_windows(slots, start, stop, front, back, u, lower, 20, 2, init=torch.zeros(19, dtype=torch.bool))

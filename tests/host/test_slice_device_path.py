@@ -1,0 +1,79 @@
+"""A slice sample on the device path, run on CPU tensors: a buffer built with ``backend="triton"``
+takes every branch a CUDA buffer takes (Triton through the interpreter), counted by
+:func:`gpubuf.ops.device_work.count_device_work`, and gives the host path's batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from gpubuf import LazyTensorStorage, PrioritizedSliceSampler, SliceSampler, TensorDictReplayBuffer
+from gpubuf.ops.device_work import count_device_work
+
+from device_helpers import assert_work
+
+
+def _steps(n: int, flags: bool) -> TensorDict:
+    """Episodes of 5 to 13 steps with an id and a done flag (and terminated and is_init with ``flags``)."""
+    lengths = torch.arange(n) % 9 + 5
+    episode = torch.repeat_interleave(torch.arange(n), lengths)[:n]
+    done = torch.ones(n, 1, dtype=torch.bool)
+    done[:-1, 0] = episode[1:] != episode[:-1]
+    entries = {"obs": torch.arange(n).float().unsqueeze(-1).expand(n, 3).clone(), "episode": episode,
+               ("next", "done"): done}
+    if flags:
+        entries[("next", "terminated")] = done & (episode % 2 == 0).unsqueeze(-1)
+        entries["is_init"] = torch.cat([torch.ones(1, 1, dtype=torch.bool), done[:-1]])
+    return TensorDict(entries, [n])
+
+
+def _buffer(sampler, backend: str, flags: bool) -> TensorDictReplayBuffer:
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(300), sampler=sampler, backend=backend, batch_size=64,
+        generator=torch.Generator().manual_seed(0),
+    )
+    rb.extend(_steps(200, flags))
+    rb.extend(_steps(150, flags))  # wraps around the ring
+    return rb
+
+
+@pytest.mark.parametrize("flags", [False, True])
+@pytest.mark.parametrize("source", [{"traj_key": "episode"}, {"end_key": ("next", "done")}])
+def test_a_slice_sample_is_the_window_draw_and_the_gather(source, flags):
+    rb = _buffer(SliceSampler(num_slices=8, **source), "triton", flags)
+    rb.sample()  # reads the boundaries written and builds the eligible list
+    with count_device_work("cpu") as work:
+        batch = rb.sample()
+    # The uniforms, one launch drawing the windows and marking their steps, one gather.
+    assert_work(work, launches=3, host_syncs=0,
+                kernels={"aten:rand.generator": 1, "triton:_slice_windows_kernel": 1, "triton:_gather_rows_kernel": 1})
+    host = _buffer(SliceSampler(num_slices=8, **source), "auto", flags)
+    host.sample()
+    want = host.sample()
+    assert set(batch.keys(True, True)) == set(want.keys(True, True))
+    assert (batch == want).all()
+    windows = batch.reshape(8, 8)
+    assert (windows["episode"] == windows["episode"][:, :1]).all() and windows["next", "truncated"][:, -1].all()
+
+
+def test_a_prioritized_slice_sample_costs_16_launches_and_no_host_sync():
+    def make(backend):
+        return _buffer(PrioritizedSliceSampler(300, alpha=0.7, beta=0.5, num_slices=8, traj_key="episode"), backend,
+                       False)
+
+    rb = make("triton")
+    rb.sample()
+    with count_device_work("cpu") as work:
+        batch = rb.sample()
+    # The uniforms and the sum-tree draw (2); the weights against the minimum over every step,
+    # held-aside ones included (5: minimum, the power and its casts); the window rows (2); the
+    # truncated, done and terminated marks (4); the weights per step (2); the gather (1).
+    assert_work(work, launches=16, host_syncs=0,
+                kernels={"triton:_sumtree_sample_kernel": 1, "triton:_gather_rows_kernel": 1})
+    host = make("auto")
+    host.sample()
+    want = host.sample()
+    assert torch.equal(batch["index"], want["index"])
+    assert (batch.exclude("priority_weight") == want.exclude("priority_weight")).all()
+    torch.testing.assert_close(batch["priority_weight"], want["priority_weight"], rtol=1e-6, atol=0)
