@@ -333,6 +333,31 @@ def transform_priority(priority: torch.Tensor, alpha: float, eps: float, dtype: 
     return torch.pow(priority.to(torch.float64) + eps, alpha).to(dtype)
 
 
+#: ATen runs an elementwise op over fewer elements than its grain size (32,768) on the calling
+#: thread; :func:`_transform_serial` stays below it.
+_SERIAL_ELEMENTS = 16_384
+
+
+def _transform_serial(priority: torch.Tensor, alpha: float, eps: float, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`transform_priority` of a CPU tensor, computed in slices that torch runs on the calling thread.
+
+    The same bits (the ops are elementwise). A parallel region waits for every thread of the
+    pool; on a loaded 2-core machine the second one is often descheduled, and a 65,536-entry
+    transform measured 0.15 ms at the median and 8.6 ms on average with two threads, against
+    1.5 ms on average in slices. The compiled update around it is single-threaded anyway.
+    """
+    n = priority.numel()
+    if n <= _SERIAL_ELEMENTS:
+        return transform_priority(priority, alpha, eps, dtype)
+    flat = priority.reshape(-1)
+    out = torch.empty(n, dtype=dtype)
+    for start in range(0, n, _SERIAL_ELEMENTS):
+        # ``+ eps`` makes a new tensor, so ``pow_`` never writes into the caller's priorities.
+        part = flat[start : start + _SERIAL_ELEMENTS].to(torch.float64) + eps
+        out[start : start + _SERIAL_ELEMENTS] = part.pow_(alpha)
+    return out
+
+
 def _row_sums(rows: torch.Tensor) -> torch.Tensor:
     """Float64 sums of ``[n, F]`` rows, each row's entries added left to right.
 
@@ -628,7 +653,7 @@ def _update_numba(
     """
     if priority.dtype not in _KERNEL_PRIORITY_DTYPES:
         priority = priority.to(torch.float64)
-    values = transform_priority(priority, alpha, eps, tree.dtype)
+    values = _transform_serial(priority, alpha, eps, tree.dtype)
     if index.numel() == 0:
         if priority.numel():
             _check_values(tree, index, priority, values, limit)

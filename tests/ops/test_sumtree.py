@@ -177,6 +177,23 @@ def test_transform(dtype):
     assert torch.all(tree.values() == 1.0)  # 0 ** 0 == 1, as torch.pow and TorchRL have it
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+@pytest.mark.parametrize("n", [16_384, 16_385, 40_000])
+def test_transform_in_slices_equals_transform(dtype, n):
+    """The compiled update's transform runs in slices (one thread each): the same bits as one
+    call, across slice ends, and the caller's priorities untouched."""
+    gen = torch.Generator().manual_seed(n)
+    if dtype.is_floating_point:
+        p = (torch.rand(n, generator=gen, dtype=torch.float64) * 10.0 ** torch.randint(-6, 6, (n,), generator=gen)).to(dtype)
+    else:
+        p = torch.randint(0, 1000, (n,), generator=gen, dtype=dtype)
+    kept = p.clone()
+    for leaf in (torch.float32, torch.float64):
+        got = sumtree_module._transform_serial(p, 0.7, 1e-8, leaf)
+        assert torch.equal(got, transform_priority(p, 0.7, 1e-8, leaf))
+    assert torch.equal(p, kept)
+
+
 @pytest.mark.parametrize("which", ["twin", "torch", "numba"])
 def test_update_work_is_local(which):
     """A batched update rewrites the paths of the leaves written, and nothing else, on every path."""
