@@ -11,7 +11,8 @@ that one-time loads (gpubuf's compiled kernels from Numba's cache) are not timed
     PYTHONPATH=$PWD:$PWD/kernels python benchmarks/scale_prioritized.py --rows 1M 16M 64M \
         --out benchmarks/results/cpu-2core/scale-prioritized.json
 
-Prints a table of times and gpubuf's speed-up (TorchRL's time / gpubuf's) and writes the rows as JSON.
+Prints a table of times and gpubuf's speed-up (TorchRL's time / gpubuf's), and the resident memory
+each buffer adds per stored row once full, and writes the rows as JSON.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -111,6 +113,12 @@ def _interleaved(calls: dict[str, Callable[[], Any]], repeats: int, min_block_s:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
+def _resident_bytes() -> int:
+    """This process's resident memory (Linux ``/proc/self/statm``), in bytes."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def _warm_up(libraries: dict[str, Any]) -> None:
     """One small fill, update and cycle per library before anything is timed.
 
@@ -138,14 +146,26 @@ def main() -> int:
     _warm_up({"gpubuf": gpubuf, "torchrl": trl})
     for rows in map(_size, args.rows):
         gen = torch.Generator().manual_seed(0)
-        buffers = {"gpubuf": _build(gpubuf, rows), "torchrl": _build(trl, rows)}
-        fills = {name: _fill(rb, rows, gen) for name, rb in buffers.items()}
+        buffers, fills, resident = {}, {}, {}
+        for name, ns in (("gpubuf", gpubuf), ("torchrl", trl)):
+            # Resident memory the buffer adds, built and full (rows, priorities and any index the
+            # library keeps), per stored row; the fill's source chunk is freed by then.
+            before = _resident_bytes()
+            buffers[name] = _build(ns, rows)
+            fills[name] = _fill(buffers[name], rows, gen)
+            gc.collect()
+            resident[name] = (_resident_bytes() - before) / rows
         results.append({"op": "fill", "rows": rows, "batch": CHUNK, **{f"{k}_s": v for k, v in fills.items()}})
+        results.append({"op": "memory", "rows": rows, **{f"{k}_bytes_per_row": v for k, v in resident.items()}})
+        print(
+            f"{'memory':>16} N={rows:>10,}  gpubuf {resident['gpubuf']:6.1f} B/row  torchrl {resident['torchrl']:6.1f} B/row",
+            flush=True,
+        )
         for b in BATCHES:
             for op, make in (("update_priority", lambda rb: _update(rb, rows, b)), ("cycle", lambda rb: _cycle(rb, b))):
                 med = _interleaved({name: make(rb) for name, rb in buffers.items()}, args.repeats)
                 results.append({"op": op, "rows": rows, "batch": b, **{f"{k}_s": v for k, v in med.items()}})
-        for row in results[-5:]:
+        for row in [r for r in results[-6:] if r["op"] != "memory"]:
             ratio = row["torchrl_s"] / row["gpubuf_s"]
             print(
                 f"{row['op']:>16} N={row['rows']:>10,} B={row['batch']:>8,}  gpubuf {row['gpubuf_s'] * 1e3:9.3f} ms"
@@ -168,7 +188,10 @@ def main() -> int:
             "warm_up": "one fill of 4,096 rows, update and cycle of 256 per library before the sweep",
         }
         for row in results:
-            row["speedup"] = row["torchrl_s"] / row["gpubuf_s"]
+            if row["op"] == "memory":
+                row["torchrl_over_gpubuf"] = row["torchrl_bytes_per_row"] / row["gpubuf_bytes_per_row"]
+            else:
+                row["speedup"] = row["torchrl_s"] / row["gpubuf_s"]
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"meta": meta, "results": results}, indent=1) + "\n")
     return 0
