@@ -104,8 +104,8 @@ _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 #: Bits of the device error word (``SumTree.flags[0]``), as the Triton kernels set them.
 ERROR_BITS = {"bad_priority": 1, "overflow": 2, "bad_index": 4, "empty": 8}
 
-#: From this many i.i.d. draws on, a CPU draw descends in increasing order of mass (see
-#: ``gpubuf_kernels.cpu.sumtree.SORTED_DRAWS``).
+#: From this many draws on, a CPU draw descends in (nearly) increasing order of mass (see
+#: ``gpubuf_kernels.cpu.sumtree.descend``); below, ordering them costs about what it saves.
 _SORTED_DRAWS = 1024
 
 
@@ -802,9 +802,9 @@ def _draw_numba(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """The compiled draw: ``(index, value, weight or None)`` in one call.
 
-    Batches from :data:`_SORTED_DRAWS` on descend draw by draw in (nearly) increasing order of
-    mass, which the kernel finds itself (a counting sort), smaller ones level by level in draw
-    order.
+    All draws descend level by level; batches from :data:`_SORTED_DRAWS` on in (nearly)
+    increasing order of mass, which the kernel finds itself (a counting sort), smaller ones in
+    draw order.
     """
     arrays = tree._numpy_arrays()
     u = uniforms.detach()

@@ -718,10 +718,10 @@ def test_cpu_path_needs_no_triton():
 
 
 @pytest.mark.parametrize("stratified", [False, True])
-def test_cpu_path_draws_in_mass_order_resume_scans_exactly(cpu_thresholds, cpu_backend, stratified):
-    """Draws in increasing mass resume a node's scan at the previous draw's child. Rows with zero
-    children after their positive ones, equal masses, and masses past a row's total (a root
-    larger than its children) must still give the twin's child, prefix and value at every draw."""
+def test_cpu_path_draws_in_mass_order_equal_twin(cpu_thresholds, cpu_backend, stratified):
+    """Draws descended in increasing order of mass, over rows with zero children after their
+    positive ones, with equal masses and masses past a row's total (a root larger than its
+    children), give the twin's index and value at every draw, each at its own position."""
     gen = torch.Generator().manual_seed(23)
     tree = SumTree(256, fanout=4)
     index = torch.tensor([i for i in range(256) if i % 4 in (0, 1) or i % 16 == 6])
