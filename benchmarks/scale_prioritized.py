@@ -92,8 +92,12 @@ def _cycle(rb: Any, b: int) -> Callable[[], Any]:
     return call
 
 
-def _interleaved(calls: dict[str, Callable[[], Any]], repeats: int, min_block_s: float = 0.02) -> dict[str, float]:
-    """Median seconds per call of each callable, timed in alternating blocks."""
+def _interleaved(calls: dict[str, Callable[[], Any]], repeats: int, min_block_s: float) -> dict[str, float]:
+    """Median seconds per call of each callable, timed in alternating blocks of at least ``min_block_s``.
+
+    On a shared machine a short block can fall into another job's time slice; longer blocks
+    average that out, for both libraries alike.
+    """
     for fn in calls.values():
         for _ in range(2):
             fn()
@@ -137,6 +141,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", nargs="+", default=["1M", "16M", "64M"], help="buffer sizes (1M, 16M, 64M, ...)")
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--min-block", type=float, default=0.1, help="seconds of calls per timed block (short calls repeat)")
     parser.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = parser.parse_args()
 
@@ -163,7 +168,7 @@ def main() -> int:
         )
         for b in BATCHES:
             for op, make in (("update_priority", lambda rb: _update(rb, rows, b)), ("cycle", lambda rb: _cycle(rb, b))):
-                med = _interleaved({name: make(rb) for name, rb in buffers.items()}, args.repeats)
+                med = _interleaved({name: make(rb) for name, rb in buffers.items()}, args.repeats, args.min_block)
                 results.append({"op": op, "rows": rows, "batch": b, **{f"{k}_s": v for k, v in med.items()}})
         for row in [r for r in results[-6:] if r["op"] != "memory"]:
             ratio = row["torchrl_s"] / row["gpubuf_s"]
@@ -185,6 +190,8 @@ def main() -> int:
             "git_sha": sha,
             "row_bytes": 48,
             "command": "python benchmarks/scale_prioritized.py --rows " + " ".join(args.rows),
+            "repeats": args.repeats,
+            "min_block_s": args.min_block,
             "warm_up": "one fill of 4,096 rows, update and cycle of 256 per library before the sweep",
         }
         for row in results:
