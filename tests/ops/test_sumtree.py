@@ -730,7 +730,7 @@ def test_cpu_path_draws_in_mass_order_equal_twin(cpu_thresholds, cpu_backend, st
     for scale in (1.0, 1.5):
         tree.sums[0] = float(tree.sums[1:5].sum()) * scale  # 1.5: the top half of the masses overshoot
         u = torch.sort(torch.rand(300, generator=gen, dtype=torch.float64)).values
-        u[100:110] = u[100]  # equal masses resume at the same child
+        u[100:110] = u[100]  # equal masses, neighbours in the descent order
         got = sumtree_sample(tree, u, stratified=stratified, backend=cpu_backend)
         want = sumtree_sample_ref(tree, u, stratified=stratified)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
