@@ -177,6 +177,23 @@ def test_transform(dtype):
     assert torch.all(tree.values() == 1.0)  # 0 ** 0 == 1, as torch.pow and TorchRL have it
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
+@pytest.mark.parametrize("n", [16_384, 16_385, 40_000])
+def test_transform_in_slices_equals_transform(dtype, n):
+    """The compiled update's transform runs in slices (one thread each): the same bits as one
+    call, across slice ends, and the caller's priorities untouched."""
+    gen = torch.Generator().manual_seed(n)
+    if dtype.is_floating_point:
+        p = (torch.rand(n, generator=gen, dtype=torch.float64) * 10.0 ** torch.randint(-6, 6, (n,), generator=gen)).to(dtype)
+    else:
+        p = torch.randint(0, 1000, (n,), generator=gen, dtype=dtype)
+    kept = p.clone()
+    for leaf in (torch.float32, torch.float64):
+        got = sumtree_module._transform_serial(p, 0.7, 1e-8, leaf)
+        assert torch.equal(got, transform_priority(p, 0.7, 1e-8, leaf))
+    assert torch.equal(p, kept)
+
+
 @pytest.mark.parametrize("which", ["twin", "torch", "numba"])
 def test_update_work_is_local(which):
     """A batched update rewrites the paths of the leaves written, and nothing else, on every path."""
@@ -701,10 +718,10 @@ def test_cpu_path_needs_no_triton():
 
 
 @pytest.mark.parametrize("stratified", [False, True])
-def test_cpu_path_draws_in_mass_order_resume_scans_exactly(cpu_thresholds, cpu_backend, stratified):
-    """Draws in increasing mass resume a node's scan at the previous draw's child. Rows with zero
-    children after their positive ones, equal masses, and masses past a row's total (a root
-    larger than its children) must still give the twin's child, prefix and value at every draw."""
+def test_cpu_path_draws_in_mass_order_equal_twin(cpu_thresholds, cpu_backend, stratified):
+    """Draws descended in increasing order of mass, over rows with zero children after their
+    positive ones, with equal masses and masses past a row's total (a root larger than its
+    children), give the twin's index and value at every draw, each at its own position."""
     gen = torch.Generator().manual_seed(23)
     tree = SumTree(256, fanout=4)
     index = torch.tensor([i for i in range(256) if i % 4 in (0, 1) or i % 16 == 6])
@@ -713,7 +730,7 @@ def test_cpu_path_draws_in_mass_order_resume_scans_exactly(cpu_thresholds, cpu_b
     for scale in (1.0, 1.5):
         tree.sums[0] = float(tree.sums[1:5].sum()) * scale  # 1.5: the top half of the masses overshoot
         u = torch.sort(torch.rand(300, generator=gen, dtype=torch.float64)).values
-        u[100:110] = u[100]  # equal masses resume at the same child
+        u[100:110] = u[100]  # equal masses, neighbours in the descent order
         got = sumtree_sample(tree, u, stratified=stratified, backend=cpu_backend)
         want = sumtree_sample_ref(tree, u, stratified=stratified)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
