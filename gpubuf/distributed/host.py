@@ -76,8 +76,30 @@ class BufferHost:
         """Calls ``buffer.<name>(*args, **kwargs)`` and returns its result."""
         return getattr(self.buffer, name)(*args, **(kwargs or {}))
 
+    def call_in_place(self, name: str, args: tuple = (), kwargs: dict | None = None) -> None:
+        """Calls ``buffer.<name>(*args, **kwargs)`` for its effect: the buffer it returns (for
+        chaining) is not sent back."""
+        getattr(self.buffer, name)(*args, **(kwargs or {}))
+
     def get_attr(self, name: str) -> Any:
         return getattr(self.buffer, name)
+
+    def initialized(self) -> bool:
+        """Whether the buffer and its components are built (asking does not build them)."""
+        return self._buffer is not None and bool(getattr(self._buffer, "initialized", True))
+
+    def component_attr(self, component: str, attr: str) -> tuple[str, Any]:
+        """``("method", None)`` when ``buffer.<component>.<attr>`` is a method, else ``("value", it)``."""
+        value = getattr(getattr(self.buffer, component), attr)
+        is_method = callable(value) and not isinstance(value, (torch.Tensor, TensorDictBase, type))
+        return ("method", None) if is_method else ("value", value)
+
+    def component_call(self, component: str, method: str, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """Calls ``buffer.<component>.<method>(*args, **kwargs)``; a result that is the component
+        itself (a chained call) comes back as None."""
+        target = getattr(self.buffer, component)
+        out = getattr(target, method)(*args, **(kwargs or {}))
+        return None if out is target else out
 
     def set_attr(self, name: str, value: Any) -> None:
         setattr(self.buffer, name, value)

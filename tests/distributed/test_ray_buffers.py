@@ -20,7 +20,13 @@ from tensordict import TensorDict
 
 ray = pytest.importorskip("ray")
 
-from gpubuf import LazyTensorStorage, TensorDictPrioritizedReplayBuffer  # noqa: E402
+from gpubuf import (  # noqa: E402
+    LazyTensorStorage,
+    RoundRobinWriter,
+    SamplerWithoutReplacement,
+    TensorDictPrioritizedReplayBuffer,
+    TensorDictReplayBuffer,
+)
 from gpubuf.distributed import (  # noqa: E402
     MinSize,
     RayReplayBuffer,
@@ -106,6 +112,63 @@ def test_remote_buffer_forwards_the_buffer_api(remote, tmp_path):
     assert len(remote) == 0
     remote.loads(tmp_path / "ckpt")
     assert len(remote) == before
+
+
+def test_remote_buffer_members_act_on_the_actor_buffer(ray_cluster):
+    # Every member of TorchRL's RayReplayBuffer, used through the handle: the effects are read
+    # back from the actor, never from a local copy.
+    rb = RayReplayBuffer(
+        replay_buffer_cls=TensorDictReplayBuffer,
+        storage=partial(LazyTensorStorage, 8),
+        sampler=SamplerWithoutReplacement,
+        writer=partial(RoundRobinWriter, track_generations=True),
+        batch_size=4,
+        remote_config={"num_cpus": 0},
+        delayed_init=True,
+    )
+    try:
+        assert not rb.initialized
+        def traced(ids: torch.Tensor) -> TensorDict:
+            data = rows(ids)
+            data["traj_ids"] = ids // 3
+            return data
+
+        ids = torch.arange(6)
+        index = rb.extend(traced(ids))
+        assert rb.initialized
+        # Components, through the actor.
+        assert len(rb.storage) == 6 and rb.storage.max_size == 8
+        assert torch.equal(rb.storage[index]["id"], ids)
+        assert type(rb.sampler).__name__ == "RemoteComponent" and rb.sampler.ran_out is False
+        generation = rb.writer.generations_of(index)
+        assert generation.shape == (6,) and bool((generation >= 0).all())
+        rb.transform.append(lambda td: td.set("seen", torch.ones(td.batch_size)))
+        assert bool((rb.sample()["seen"] == 1).all())  # the appended transform runs on the actor
+        # In-place writes return the client for chaining, and land on the actor.
+        assert rb.set_("obs", torch.zeros(6, 3)) is rb
+        assert rb.set_at_("obs", torch.ones(2, 3), index[:2]).share() is rb
+        assert torch.equal(rb[:]["obs"][:, 0], torch.tensor([1.0, 1, 0, 0, 0, 0]))
+        assert rb.update_({"obs": torch.full((6, 3), 5.0)}) is rb and bool((rb[:]["obs"] == 5).all())
+        # Conditional updates: a live handle is patched, a stale one is skipped.
+        result = rb.update_if_present(index=index[:3], generation=generation[:3], patch={"id": torch.full((3,), 70)})
+        assert result.updated_count == 3
+        rb.extend(traced(torch.arange(100, 103)))  # rewrites slots 6, 7 and 0: slot 0's handle is stale
+        future = rb.submit_update_if_present(index=index[:2], generation=generation[:2], patch={"id": torch.full((2,), 80)})
+        rb.synchronize()
+        assert future.result().updated.tolist() == [False, True]
+        assert rb[1]["id"] == 80 and rb[0]["id"] == 102
+        # Bulk writes and reads, oldest first.
+        rb.write_all(traced(torch.arange(20, 28)))
+        assert torch.equal(rb.read_all_in_order()["id"], torch.arange(20, 28))
+        # Iteration without replacement: every item once, then the end.
+        seen = torch.cat([batch["id"] for batch in rb])
+        assert torch.equal(torch.sort(seen).values, torch.arange(20, 28))
+        assert rb.next() is not None  # a new pass starts after the end
+        rb.empty()
+        rb.extend(traced(torch.arange(1, 9)))  # trajectories 0: ids 1-2, 1: ids 3-5, 2: ids 6-8
+        assert sorted(len(t) for t in rb.query(trajectory_key="traj_ids")) == [2, 3, 3]
+    finally:
+        rb.close()
 
 
 # ---------------------------------------------------------------------------- four shards

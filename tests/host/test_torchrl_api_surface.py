@@ -49,8 +49,6 @@ PENDING: dict[str, str] = {
     "SliceSampler": "TorchRL's fragmented and step_key options are not provided yet",
     "SliceSamplerWithoutReplacement": "TorchRL's fragmented and step_key options are not provided yet",
     "PrioritizedSliceSampler": "TorchRL's fragmented and step_key options are not provided yet",
-    "RayReplayBuffer": "the actor-side buffer's members (sampler, storage, writer, transform, conditional and bulk "
-    "writes, query) are not forwarded yet, and replay_buffer_cls defaults to gpubuf's ReplayBuffer",
 }
 
 SUBMODULES = ("samplers", "storages", "writers", "replay_buffers")
@@ -141,6 +139,9 @@ def _accepts(cls_or_fn, member: str | None, param: str) -> inspect.Parameter | N
 def _same_default(a, b) -> bool:
     if a is b or (isinstance(a, property) and isinstance(b, property)):
         # (a tensorclass field's default is the class's property in both)
+        return True
+    if inspect.isclass(a) and a.__module__.startswith("torchrl.") and getattr(gpubuf, a.__name__, None) is b:
+        # A TorchRL class as the default (RayReplayBuffer's replay_buffer_cls): gpubuf's namesake.
         return True
     try:
         return bool(a == b) and type(a) is type(b)
