@@ -17,6 +17,7 @@ from tensordict import TensorDictBase
 
 from gpubuf.buffers import ReplayBuffer
 from gpubuf.distributed._ray import require_ray
+from gpubuf.distributed.wire import pack
 from gpubuf.samplers.prioritized import PrioritizedSampler
 
 #: The file every checkpoint directory written by ``ReplayBuffer.dumps`` holds.
@@ -177,6 +178,19 @@ class BufferHost:
                 if key in info and key in data.keys():
                     data.set(key, info[key].to(data.get(key).device))
         return data, info, self.stats()
+
+    def sample_shard_packed(self, batch_size: int, offset: int, global_min: float | None, chunks: int) -> Any:
+        """:meth:`sample_shard` in the compact wire format (:func:`gpubuf.distributed.wire.pack`),
+        as ``chunks`` returns (one value when ``chunks == 1``): ``(header, stats, first chunk)``,
+        then the other chunks. The header is None when nothing was drawn."""
+        data, info, stats = self.sample_shard(batch_size, offset, global_min)
+        if data is None:
+            parts = [None] * chunks
+            header = None
+        else:
+            header, *parts = pack(data, info, chunks)
+        out = ((header, stats, parts[0]), *parts[1:])
+        return out if chunks > 1 else out[0]
 
     def update_priority_shard(self, index: torch.Tensor, priority: torch.Tensor) -> dict:
         self.buffer.update_priority(index, priority)
