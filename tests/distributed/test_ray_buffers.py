@@ -128,6 +128,7 @@ def test_remote_buffer_members_act_on_the_actor_buffer(ray_cluster):
     )
     try:
         assert not rb.initialized
+
         def traced(ids: torch.Tensor) -> TensorDict:
             data = rows(ids)
             data["traj_ids"] = ids // 3
@@ -279,6 +280,45 @@ def test_a_killed_shard_raises_a_typed_error_and_comes_back_from_its_checkpoint(
     assert len(sharded) == 500
     back = sharded.sample(2048)
     assert bool((sharded.split_index(back["index"])[0] == victim).any())
+
+
+def test_batches_drawn_ahead_are_stored_rows_and_follow_updates_and_empty(ray_cluster):
+    prefetch = 2
+    rb = ShardedReplayBuffer(
+        num_shards=2,
+        replay_buffer_cls=TensorDictPrioritizedReplayBuffer,
+        alpha=1.0,
+        beta=0.5,
+        storage=partial(LazyTensorStorage, 64),
+        batch_size=16,
+        prefetch=prefetch,
+        remote_config={"num_cpus": 0},
+        seed=3,
+    )
+    try:
+        index = torch.cat([rb.extend(rows(torch.arange(s * 32, (s + 1) * 32))) for s in range(2)])
+        shard_of, _ = rb.split_index(index)
+        for _ in range(3 * prefetch):
+            batch = rb.sample()
+            assert batch.batch_size == (16,)
+            assert torch.equal(batch["id"], rb[batch["index"]]["id"])  # each row is the one its index names
+        assert rb.sample(8).batch_size == (8,)  # another size: drawn now, not taken from what was drawn ahead
+        # Priority updates sent while batches are drawn ahead reach the shards: once those batches
+        # (at most 2 * prefetch) are handed out, shard 0's rows, now of negligible priority, are not drawn.
+        low = shard_of == 0
+        rb.update_priority(index, torch.where(low, 1e-6, 1.0))
+        masses = rb.stats()["shards"]
+        assert masses[0]["mass"] < 1e-3 and masses[1]["mass"] == pytest.approx(32.0)
+        for _ in range(2 * prefetch):
+            rb.sample()
+        later = torch.cat([rb.sample()["index"] for _ in range(4)])
+        assert not bool((rb.split_index(later)[0] == 0).any())
+        # Emptying drops what was drawn ahead: only rows written after it come back.
+        rb.empty()
+        rb.extend(rows(torch.arange(500, 532)))
+        assert bool((rb.sample()["id"] >= 500).all())
+    finally:
+        rb.close()
 
 
 # ---------------------------------------------------------------------------- rate limiter
