@@ -690,11 +690,16 @@ class ShardedReplayBuffer:
             raise EmptyBufferError(
                 "every shard that is up is empty" + (" or has only zero priorities" if prioritized else "")
             )
-        drawn = torch.multinomial(weights, batch_size, replacement=True, generator=self._generator)
-        # Stable sort: positions grouped by shard, each group in increasing order.
-        order = torch.sort(drawn, stable=True).indices
-        counts = torch.bincount(drawn, minlength=len(shards))
-        positions = dict(zip(shards, torch.split(order, counts.tolist())))
+        # Each position of the batch draws its shard by inverse transform sampling (a multinomial
+        # draw, cheaper than torch.multinomial for a few categories and many draws); a shard of
+        # zero weight has an empty interval and is never drawn.
+        bounds = torch.cumsum(weights, 0)
+        uniform = torch.rand(batch_size, dtype=torch.float64, generator=self._generator) * bounds[-1]
+        drawn = torch.searchsorted(bounds, uniform, right=True)
+        last = int(torch.nonzero(weights > 0)[-1])
+        drawn.clamp_(max=last)  # rounding at the top end stays on a shard that holds something
+        positions = {shard: torch.nonzero(drawn == j).reshape(-1) for j, shard in enumerate(shards)}
+        counts = torch.tensor([len(positions[shard]) for shard in shards])
         global_min = None
         if prioritized:
             global_min = min(stats[i]["min"] for i in shards if stats[i]["mass"] > 0)
