@@ -6,8 +6,8 @@ transitions (``obs`` and ``("next", "obs")`` of 32 float32, ``action``, ``reward
 - ``torchrl RayReplayBuffer``: TorchRL's, one actor owning a ``TensorDictReplayBuffer``;
 - ``gpubuf RayReplayBuffer``: gpubuf's, one actor owning a gpubuf ``TensorDictReplayBuffer``;
 - ``gpubuf Sharded x1`` and ``gpubuf Sharded x4``: :class:`~gpubuf.distributed.ShardedReplayBuffer`
-  with 1 and 4 shard actors; ``... prefetch=N`` the same keeping the requests of the next ``N``
-  batches in flight (``--prefetch``).
+  with 1 and 4 shard actors; ``... prefetch=N`` the same drawing ``N`` batches ahead per request
+  to the shards, with the next request in flight (``--prefetch``).
 
 Every actor gets the same ``remote_config`` (no reserved CPU, so that all of them fit the
 cluster together). Reported, per provider, as the median over ``--repeats`` rounds (providers
@@ -18,7 +18,7 @@ TorchRL's. The cluster runs on 127.0.0.1 with ``--cpus`` CPUs (the actors use on
 thread each, Ray's default; the driver ``--threads``)::
 
     python benchmarks/bench_ray.py [--rows 200000] [--extend-batch 1024] [--sample-batch 4096]
-        [--samplers 1] [--repeats 5] [--prefetch 2] [--threads 1] [--json bench-out/ray.json]
+        [--samplers 1] [--repeats 5] [--prefetch 4] [--threads 1] [--json bench-out/ray.json]
 """
 
 from __future__ import annotations
@@ -138,7 +138,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sample-calls", type=int, default=30, help="sample calls per sampler and round")
     parser.add_argument("--samplers", type=int, default=1, help="driver threads sampling at once")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--prefetch", type=int, default=2, help="rounds in flight of the prefetching providers (0: none)")
+    parser.add_argument(
+        "--prefetch", type=int, default=4, help="batches drawn ahead by the prefetching providers (0: none)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads of the driver (default 1)")
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 2, help="the local cluster's CPUs")
     parser.add_argument("--json", type=Path, default=ROOT / "bench-out" / "ray.json")

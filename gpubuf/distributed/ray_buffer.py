@@ -283,7 +283,9 @@ class RayReplayBufferClient:
         """``buffer.set_at_(key, value, index)`` on the actor; returns this client."""
         return self._in_place("set_at_", key, value, index)
 
-    def update_(self, input_dict_or_td: Any, clone: bool = False, *, keys_to_update: Any = None) -> "RayReplayBufferClient":
+    def update_(
+        self, input_dict_or_td: Any, clone: bool = False, *, keys_to_update: Any = None
+    ) -> "RayReplayBufferClient":
         """``buffer.update_(...)`` on the actor; returns this client."""
         return self._in_place("update_", input_dict_or_td, clone, keys_to_update=keys_to_update)
 

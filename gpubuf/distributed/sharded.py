@@ -55,7 +55,9 @@ def _shard_dir(root: Any, shard: int) -> str:
 
 def _rows(value: Any, start: int, count: int) -> Any:
     """Rows ``[start, start + count)`` of a batch, or of an info entry (a tensor or a list)."""
-    return value[start : start + count] if isinstance(value, (torch.Tensor, list)) or is_tensor_collection(value) else value
+    if isinstance(value, (torch.Tensor, list)) or is_tensor_collection(value):
+        return value[start : start + count]
+    return value
 
 
 def _as_list(refs: Any) -> list:

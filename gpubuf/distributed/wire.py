@@ -161,7 +161,7 @@ def assemble(replies: list[tuple[Any, list]], positions: list[torch.Tensor], bat
             if group == "data":
                 data.set(key, tensor)
         return data, info
-    parts = [(h[1], h[2]) if h[0] == "pickled" else _rebuild(h, chunks) for h, chunks in zip(headers, (c for _, c in replies))]
+    parts = [(h[1], h[2]) if h[0] == "pickled" else _rebuild(h, chunks) for h, chunks in replies]
     order = torch.argsort(torch.cat(positions))
     data = _concat([p[0] for p in parts])
     info: dict[str, Any] = {}

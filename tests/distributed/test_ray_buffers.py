@@ -154,7 +154,8 @@ def test_remote_buffer_members_act_on_the_actor_buffer(ray_cluster):
         result = rb.update_if_present(index=index[:3], generation=generation[:3], patch={"id": torch.full((3,), 70)})
         assert result.updated_count == 3
         rb.extend(traced(torch.arange(100, 103)))  # rewrites slots 6, 7 and 0: slot 0's handle is stale
-        future = rb.submit_update_if_present(index=index[:2], generation=generation[:2], patch={"id": torch.full((2,), 80)})
+        patch = {"id": torch.full((2,), 80)}
+        future = rb.submit_update_if_present(index=index[:2], generation=generation[:2], patch=patch)
         rb.synchronize()
         assert future.result().updated.tolist() == [False, True]
         assert rb[1]["id"] == 80 and rb[0]["id"] == 102

@@ -54,7 +54,10 @@ def test_assemble_puts_each_shards_rows_at_its_positions():
 
 
 def test_data_the_format_does_not_cover_travels_pickled_and_is_placed_the_same_way():
-    lists = [(("pickled", ["a", "b"], {"index": torch.tensor([0, 1])}), [None]), (("pickled", ["c"], {"index": torch.tensor([2])}), [None])]
+    lists = [
+        (("pickled", ["a", "b"], {"index": torch.tensor([0, 1])}), [None]),
+        (("pickled", ["c"], {"index": torch.tensor([2])}), [None]),
+    ]
     data, info = assemble(lists, [torch.tensor([2, 0]), torch.tensor([1])], 3)
     assert data == ["b", "c", "a"] and info["index"].tolist() == [1, 2, 0]
     # A tensor sample: packed; a list: pickled.
