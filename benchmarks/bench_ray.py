@@ -6,7 +6,8 @@ transitions (``obs`` and ``("next", "obs")`` of 32 float32, ``action``, ``reward
 - ``torchrl RayReplayBuffer``: TorchRL's, one actor owning a ``TensorDictReplayBuffer``;
 - ``gpubuf RayReplayBuffer``: gpubuf's, one actor owning a gpubuf ``TensorDictReplayBuffer``;
 - ``gpubuf Sharded x1`` and ``gpubuf Sharded x4``: :class:`~gpubuf.distributed.ShardedReplayBuffer`
-  with 1 and 4 shard actors.
+  with 1 and 4 shard actors; ``... prefetch=N`` the same drawing ``N`` batches ahead per request
+  to the shards, with the next request in flight (``--prefetch``).
 
 Every actor gets the same ``remote_config`` (no reserved CPU, so that all of them fit the
 cluster together). Reported, per provider, as the median over ``--repeats`` rounds (providers
@@ -17,7 +18,7 @@ TorchRL's. The cluster runs on 127.0.0.1 with ``--cpus`` CPUs (the actors use on
 thread each, Ray's default; the driver ``--threads``)::
 
     python benchmarks/bench_ray.py [--rows 200000] [--extend-batch 1024] [--sample-batch 4096]
-        [--samplers 1] [--repeats 5] [--threads 1] [--json bench-out/ray.json]
+        [--samplers 1] [--repeats 5] [--prefetch 4] [--threads 1] [--json bench-out/ray.json]
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def start_cluster(cpus: int) -> None:
     )
 
 
-def make_providers(rows: int, sample_batch: int, remote_config: dict) -> dict:
+def make_providers(rows: int, sample_batch: int, remote_config: dict, prefetch: int) -> dict:
     from gpubuf import LazyTensorStorage, TensorDictReplayBuffer
     from gpubuf.distributed import RayReplayBuffer, ShardedReplayBuffer
 
@@ -91,14 +92,18 @@ def make_providers(rows: int, sample_batch: int, remote_config: dict) -> dict:
         batch_size=sample_batch,
         remote_config=remote_config,
     )
-    for shards in (1, 4):
-        providers[f"gpubuf Sharded x{shards}"] = ShardedReplayBuffer(
+    for shards, ahead in ((1, None), (4, None), (1, prefetch), (4, prefetch)):
+        if ahead == 0:
+            continue
+        name = f"gpubuf Sharded x{shards}" + (f" prefetch={ahead}" if ahead else "")
+        providers[name] = ShardedReplayBuffer(
             num_shards=shards,
             replay_buffer_cls=TensorDictReplayBuffer,
             storage=partial(LazyTensorStorage, rows // shards),
             batch_size=sample_batch,
             remote_config=remote_config,
             seed=shards,
+            prefetch=ahead,
         )
     return providers
 
@@ -133,6 +138,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--sample-calls", type=int, default=30, help="sample calls per sampler and round")
     parser.add_argument("--samplers", type=int, default=1, help="driver threads sampling at once")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--prefetch", type=int, default=4, help="batches drawn ahead by the prefetching providers (0: none)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads of the driver (default 1)")
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 2, help="the local cluster's CPUs")
     parser.add_argument("--json", type=Path, default=ROOT / "bench-out" / "ray.json")
@@ -147,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
     import ray
 
     remote_config = {"num_cpus": 0}
-    providers = make_providers(args.rows, args.sample_batch, remote_config)
+    providers = make_providers(args.rows, args.sample_batch, remote_config, args.prefetch)
     batches = [make_rows(args.extend_batch, i) for i in range(0, args.rows, args.extend_batch)]
     inserted = sum(b.batch_size[0] for b in batches)
     for rb in providers.values():  # start-up paid before timing: first calls, first allocations

@@ -66,6 +66,8 @@ def to_cpu(value: Any) -> Any:
         return value.to("cpu")
     if isinstance(value, (list, tuple)):
         return type(value)(to_cpu(v) for v in value)
+    if isinstance(value, dict):
+        return {k: to_cpu(v) for k, v in value.items()}
     return value
 
 

@@ -17,6 +17,7 @@ from tensordict import TensorDictBase
 
 from gpubuf.buffers import ReplayBuffer
 from gpubuf.distributed._ray import require_ray
+from gpubuf.distributed.wire import pack
 from gpubuf.samplers.prioritized import PrioritizedSampler
 
 #: The file every checkpoint directory written by ``ReplayBuffer.dumps`` holds.
@@ -76,8 +77,30 @@ class BufferHost:
         """Calls ``buffer.<name>(*args, **kwargs)`` and returns its result."""
         return getattr(self.buffer, name)(*args, **(kwargs or {}))
 
+    def call_in_place(self, name: str, args: tuple = (), kwargs: dict | None = None) -> None:
+        """Calls ``buffer.<name>(*args, **kwargs)`` for its effect: the buffer it returns (for
+        chaining) is not sent back."""
+        getattr(self.buffer, name)(*args, **(kwargs or {}))
+
     def get_attr(self, name: str) -> Any:
         return getattr(self.buffer, name)
+
+    def initialized(self) -> bool:
+        """Whether the buffer and its components are built (asking does not build them)."""
+        return self._buffer is not None and bool(getattr(self._buffer, "initialized", True))
+
+    def component_attr(self, component: str, attr: str) -> tuple[str, Any]:
+        """``("method", None)`` when ``buffer.<component>.<attr>`` is a method, else ``("value", it)``."""
+        value = getattr(getattr(self.buffer, component), attr)
+        is_method = callable(value) and not isinstance(value, (torch.Tensor, TensorDictBase, type))
+        return ("method", None) if is_method else ("value", value)
+
+    def component_call(self, component: str, method: str, args: tuple = (), kwargs: dict | None = None) -> Any:
+        """Calls ``buffer.<component>.<method>(*args, **kwargs)``; a result that is the component
+        itself (a chained call) comes back as None."""
+        target = getattr(self.buffer, component)
+        out = getattr(target, method)(*args, **(kwargs or {}))
+        return None if out is target else out
 
     def set_attr(self, name: str, value: Any) -> None:
         setattr(self.buffer, name, value)
@@ -155,6 +178,19 @@ class BufferHost:
                 if key in info and key in data.keys():
                     data.set(key, info[key].to(data.get(key).device))
         return data, info, self.stats()
+
+    def sample_shard_packed(self, batch_size: int, offset: int, global_min: float | None, chunks: int) -> Any:
+        """:meth:`sample_shard` in the compact wire format (:func:`gpubuf.distributed.wire.pack`),
+        as ``chunks`` returns (one value when ``chunks == 1``): ``(header, stats, first chunk)``,
+        then the other chunks. The header is None when nothing was drawn."""
+        data, info, stats = self.sample_shard(batch_size, offset, global_min)
+        if data is None:
+            parts = [None] * chunks
+            header = None
+        else:
+            header, *parts = pack(data, info, chunks)
+        out = ((header, stats, parts[0]), *parts[1:])
+        return out if chunks > 1 else out[0]
 
     def update_priority_shard(self, index: torch.Tensor, priority: torch.Tensor) -> dict:
         self.buffer.update_priority(index, priority)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from concurrent.futures import Future
+from typing import Any, Callable, Iterator
 
 from gpubuf.buffers import ReplayBuffer
 from gpubuf.distributed._ray import RuntimeLease, default_remote_config, get, require_ray, to_cpu
+from gpubuf.distributed.component import RemoteComponent
 from gpubuf.distributed.host import remote_host_class
 from gpubuf.distributed.rate_limiter import LimiterHandle, RateLimiter
 
@@ -53,9 +55,16 @@ class RayReplayBufferClient:
         return value if self.has_gpu else to_cpu(value)
 
     def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        args = tuple(self._send(a) for a in args)
-        kwargs = {k: self._send(v) for k, v in kwargs.items()}
-        return get(self._actor.call.remote(name, args, kwargs))
+        return self._host("call", name, args, kwargs)
+
+    def _host(self, method: str, *args: Any) -> Any:
+        """``host.<method>(*args)`` on the actor, waited for."""
+        return get(getattr(self._actor, method).remote(*(self._send(a) for a in args)))
+
+    def _in_place(self, name: str, *args: Any, **kwargs: Any) -> "RayReplayBufferClient":
+        """A buffer method that returns the buffer (for chaining): called on the actor, returns this client."""
+        self._host("call_in_place", name, args, kwargs)
+        return self
 
     def __reduce__(self) -> tuple:
         return (_client, (self._actor, self.has_gpu, self._limiter))
@@ -229,6 +238,128 @@ class RayReplayBufferClient:
 
     def set_writer(self, writer: Any) -> None:
         self._call("set_writer", writer)
+
+    # ------------------------------------------------------------------ components
+    @property
+    def initialized(self) -> bool:
+        """Whether the remote buffer is built (False only while a ``delayed_init`` buffer is unused)."""
+        return get(self._actor.initialized.remote())
+
+    @property
+    def sampler(self) -> RemoteComponent:
+        """The remote buffer's sampler, used through the actor (see :class:`RemoteComponent`)."""
+        return RemoteComponent(self._host, "sampler")
+
+    @property
+    def storage(self) -> RemoteComponent:
+        """The remote buffer's storage, used through the actor (``len(rb.storage)``,
+        ``rb.storage.max_size``, ``rb.storage[i]``)."""
+        return RemoteComponent(self._host, "storage")
+
+    @property
+    def writer(self) -> RemoteComponent:
+        """The remote buffer's writer, used through the actor."""
+        return RemoteComponent(self._host, "writer")
+
+    @property
+    def transform(self) -> RemoteComponent:
+        """The remote buffer's transform, used through the actor (``rb.transform(data)`` runs there)."""
+        return RemoteComponent(self._host, "transform")
+
+    # ------------------------------------------------------------------ bulk and in-place writes
+    def write_all(self, data: Any, end: int | None = None) -> None:
+        """``buffer.write_all(data, end)`` on the actor: replaces the contents by ``data``."""
+        self._call("write_all", data, end)
+
+    def read_all_in_order(self, end: int | None = None) -> Any:
+        """``buffer.read_all_in_order(end)`` on the actor: the items, oldest first."""
+        return self._call("read_all_in_order", end)
+
+    def set_(self, key: Any, value: Any) -> "RayReplayBufferClient":
+        """``buffer.set_(key, value)`` on the actor; returns this client."""
+        return self._in_place("set_", key, value)
+
+    def set_at_(self, key: Any, value: Any, index: Any) -> "RayReplayBufferClient":
+        """``buffer.set_at_(key, value, index)`` on the actor; returns this client."""
+        return self._in_place("set_at_", key, value, index)
+
+    def update_(
+        self, input_dict_or_td: Any, clone: bool = False, *, keys_to_update: Any = None
+    ) -> "RayReplayBufferClient":
+        """``buffer.update_(...)`` on the actor; returns this client."""
+        return self._in_place("update_", input_dict_or_td, clone, keys_to_update=keys_to_update)
+
+    def share(self, shared: bool = True) -> "RayReplayBufferClient":
+        """``buffer.share(shared)`` on the actor (the actor already serves every process); returns this client."""
+        return self._in_place("share", shared)
+
+    def update_if_present(
+        self,
+        *,
+        index: Any,
+        generation: Any,
+        patch: Any,
+        version_key: Any = None,
+        version: Any = None,
+        require_newer: bool = False,
+    ) -> Any:
+        """``buffer.update_if_present(...)`` on the actor: validation, the generation and version
+        checks and the write all happen there, in one round trip."""
+        return self._call(
+            "update_if_present", index=index, generation=generation, patch=patch, version_key=version_key,
+            version=version, require_newer=require_newer,
+        )
+
+    def submit_update_if_present(
+        self,
+        *,
+        index: Any,
+        generation: Any,
+        patch: Any,
+        version_key: Any = None,
+        version: Any = None,
+        require_newer: bool = False,
+    ) -> Future:
+        """:meth:`update_if_present` sent now and answered later: returns a future of its result.
+
+        Calls from one client run on the actor in the order they were made.
+        """
+        kwargs = dict(
+            index=index, generation=generation, patch=patch, version_key=version_key, version=version,
+            require_newer=require_newer,
+        )
+        ref = self._actor.call.remote("update_if_present", (), self._send(kwargs))
+        future: Future = Future()
+
+        def settle(done: Future) -> None:
+            try:
+                future.set_result(get(ref))
+            except BaseException as err:  # the remote error, re-raised by result()
+                future.set_exception(err)
+
+        ref.future().add_done_callback(settle)
+        return future
+
+    def synchronize(self) -> None:
+        """Waits for the remote buffer's pending work (its prefetched batches)."""
+        self._call("synchronize")
+
+    # ------------------------------------------------------------------ iteration and queries
+    def next(self) -> Any:
+        """The next batch of iterating over the remote buffer, or None once it ran out."""
+        return self._call("next")
+
+    def __iter__(self) -> Iterator[Any]:
+        """Batches from :meth:`next` until it returns None (never, for random samplers)."""
+        while True:
+            data = self.next()
+            if data is None:
+                return
+            yield data
+
+    def query(self, predicate: Any = None, *, trajectory_key: Any = None) -> list:
+        """``buffer.query(predicate, trajectory_key=...)`` on the actor: the matching trajectories."""
+        return self._call("query", predicate, trajectory_key=trajectory_key)
 
     def __getattr__(self, name: str) -> Any:
         # Any other public method of the buffer, called on the actor.

@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 import uuid
+from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,6 +35,7 @@ from gpubuf.distributed._ray import RuntimeLease, actor_gone_errors, get, requir
 from gpubuf.distributed.host import remote_host_class
 from gpubuf.distributed.ray_buffer import RayReplayBufferClient, _count
 from gpubuf.distributed.rate_limiter import LimiterHandle, RateLimiter
+from gpubuf.distributed.wire import _concat, _take, assemble, chunk_count
 from gpubuf.errors import BatchSizeError, EmptyBufferError, IndexOutOfRangeError, ShardUnavailableError
 from gpubuf.samplers.random import _check_batch_size
 from gpubuf.storages._layout import is_tensor_collection
@@ -49,23 +53,26 @@ def _shard_dir(root: Any, shard: int) -> str:
     return str(Path(root) / f"shard-{shard:03d}")
 
 
-def _concat(parts: list) -> Any:
-    first = parts[0]
-    if len(parts) == 1:
-        return first
-    if isinstance(first, torch.Tensor) or is_tensor_collection(first):
-        return torch.cat(parts, 0)
-    if isinstance(first, list):
-        return [item for part in parts for item in part]
-    return torch.utils._pytree.tree_map(lambda *leaves: torch.cat(leaves, 0), *parts)
+def _rows(value: Any, start: int, count: int) -> Any:
+    """Rows ``[start, start + count)`` of a batch, or of an info entry (a tensor or a list)."""
+    if isinstance(value, (torch.Tensor, list)) or is_tensor_collection(value):
+        return value[start : start + count]
+    return value
 
 
-def _take(data: Any, order: torch.Tensor) -> Any:
-    if isinstance(data, torch.Tensor) or is_tensor_collection(data):
-        return data[order]
-    if isinstance(data, list):
-        return [data[i] for i in order.tolist()]
-    return torch.utils._pytree.tree_map(lambda leaf: leaf[order], data)
+def _as_list(refs: Any) -> list:
+    """The object refs of a call: a list whether it has one return or several."""
+    return refs if isinstance(refs, list) else [refs]
+
+
+@dataclass
+class _Round:
+    """One sample's requests, sent and not yet read."""
+
+    batch_size: int
+    positions: dict[int, torch.Tensor]  # per shard, the positions of the batch its rows fill
+    calls: dict[int, Callable[[Any], Any]]
+    refs: dict[int, list]
 
 
 class ShardedReplayBuffer:
@@ -103,6 +110,18 @@ class ShardedReplayBuffer:
         seed: seeds this client's choice of shards and row order, and each shard's draws
             (shard ``i`` seeds its process with ``seed + 1 + i``). Do not give the shards one
             ``generator``: each would draw the same numbers.
+        prefetch: batches drawn ahead (None or 0: none, every :meth:`sample` waits for its own
+            draw). With ``prefetch=n``, the client asks each shard for its rows of the next
+            ``n`` batches (of the size asked) in one request, and keeps the next such round in
+            flight while it hands them out: the shards draw and send while this client
+            assembles and its caller learns, and each request's cost is shared by ``n``
+            batches. As with TorchRL's ``prefetch``, a batch is drawn when it is requested, up
+            to ``2 n`` batches before it is handed out: it does not see the rows written nor the
+            priorities updated after that (updates are never lost: a shard applies them after
+            the draws already asked of it, in the order this client sent them), and its
+            importance weights are those of that moment. :meth:`empty`, :meth:`loads` and
+            :meth:`restart_shard` drop what was drawn ahead; so does a sample of another size.
+            A rate limiter counts a batch when :meth:`sample` hands it out.
         **kwargs: every argument of ``replay_buffer_cls`` (``storage``, ``sampler``, ``alpha``,
             ``beta``, ``batch_size``, ...), with storages, samplers and writers given as classes
             or callables (``storage=partial(LazyTensorStorage, 100_000)``): each shard builds its
@@ -110,7 +129,7 @@ class ShardedReplayBuffer:
 
     Raises:
         ImportError: Ray is not installed.
-        ValueError: ``num_shards < 1``.
+        ValueError: ``num_shards < 1``, or ``prefetch`` not a count.
         NotImplementedError: a storage with more than one dim.
 
     Examples:
@@ -135,6 +154,7 @@ class ShardedReplayBuffer:
         ray_init_config: dict[str, Any] | None = None,
         remote_config: dict[str, Any] | None = None,
         seed: int | None = None,
+        prefetch: int | None = None,
         **kwargs: Any,
     ) -> None:
         if isinstance(num_shards, bool) or not isinstance(num_shards, int) or num_shards < 1:
@@ -146,6 +166,9 @@ class ShardedReplayBuffer:
         batch_size = kwargs.get("batch_size")
         if batch_size is not None:
             _check_batch_size(batch_size)
+        if prefetch is not None and (isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0):
+            raise ValueError(f"prefetch must be None or an integer >= 0 (rounds kept in flight), got {prefetch!r}")
+        self._prefetch = prefetch or 0
         ray = require_ray()
         if remote_config is None:
             remote_config = {"num_cpus": 0, "num_gpus": 1 / num_shards if torch.cuda.is_available() else None}
@@ -188,8 +211,13 @@ class ShardedReplayBuffer:
         self._next_shard = int(torch.randint(self._num_shards, (), generator=self._generator))
         if not hasattr(self, "_dead"):
             self._dead = set()
-        # The last stats each shard sent this client (see _sample_once).
+        # The last stats each shard sent this client (see _issue).
         self._shard_stats: dict[int, dict] = {}
+        # The bytes of a sampled row, as the shards last reported it: sizes their replies' chunks.
+        self._row_bytes: int | None = None
+        self._in_flight: deque[_Round] = deque()
+        self._ready: deque[tuple[int, tuple[Any, dict]]] = deque()  # (batch size, (data, info)) drawn ahead
+        self._lock = threading.Lock()
 
     def _spawn(self, shard: int) -> Any:
         """Starts shard ``shard``'s actor under its name (restoring its checkpoint if there is one)."""
@@ -222,7 +250,7 @@ class ShardedReplayBuffer:
             for name in (
                 "_num_shards", "_cls", "_args", "_kwargs", "_shard_key", "_checkpoint_dir", "_remote_config",
                 "_has_gpu", "_batch_size", "_seed", "_limiter", "_namespace", "_names", "_handles",
-                "_stride",
+                "_stride", "_prefetch",
             )
         }
         return (_rebuild_client, (state,))
@@ -313,23 +341,44 @@ class ShardedReplayBuffer:
         restarted it) and the call retried there. With ``into_stats`` the results are shard
         stats, kept for the next sample.
         """
-        gone = actor_gone_errors()
-        refs = {i: call(self._handles[i]) for i, call in calls.items()}
+        return self._wait(calls, {i: call(self._handles[i]) for i, call in calls.items()}, into_stats)
+
+    def _wait(
+        self, calls: dict[int, Callable[[Any], Any]], refs: dict[int, Any], into_stats: bool = False
+    ) -> tuple[dict[int, Any], dict[int, BaseException]]:
+        """The results of the calls :meth:`_gather` made (``refs``: an object ref, or a list of them
+        for a call of several returns, per shard)."""
+        ray = require_ray()
         results: dict[int, Any] = {}
         failed: dict[int, BaseException] = {}
-        for i, ref in refs.items():
-            try:
-                results[i] = get(ref)
+        flat = [r for ref in refs.values() for r in (ref if isinstance(ref, list) else [ref])]
+        try:
+            # Every shard answered: one wait for all of them.
+            values = ray.get(flat)
+        except Exception:  # a shard failed: its error is told apart below, shard by shard
+            values = None
+        if values is not None:
+            at = 0
+            for i, ref in refs.items():
+                n = len(ref) if isinstance(ref, list) else 1
+                results[i] = values[at : at + n] if isinstance(ref, list) else values[at]
+                at += n
                 self._dead.discard(i)
-            except gone as err:
-                if self._resolve(i):
-                    try:
-                        results[i] = get(calls[i](self._handles[i]))
-                        continue
-                    except gone as again:
-                        err = again
-                failed[i] = err
-                self._dead.add(i)
+        else:
+            gone = actor_gone_errors()
+            for i, ref in refs.items():
+                try:
+                    results[i] = get(ref)
+                    self._dead.discard(i)
+                except gone as err:
+                    if self._resolve(i):
+                        try:
+                            results[i] = get(calls[i](self._handles[i]))
+                            continue
+                        except gone as again:
+                            err = again
+                    failed[i] = err
+                    self._dead.add(i)
         if into_stats:
             self._shard_stats.update(results)
         return results, failed
@@ -483,6 +532,7 @@ class ShardedReplayBuffer:
 
     def empty(self) -> None:
         """Empties every shard (and resets the rate limiter)."""
+        self._drop_prefetched()
         self._raise_failed(self._gather({i: lambda h: h.call.remote("empty") for i in range(self._num_shards)})[1])
         if self._limiter is not None:
             self._limiter.reset()
@@ -553,25 +603,75 @@ class ShardedReplayBuffer:
                 )
         else:
             self._limiter.acquire_sample(batch_size, wait, timeout)
+        drawn = self._sample_prefetched(batch_size) if self._prefetch else None
         for _ in range(self._num_shards + 1):
-            drawn = self._sample_once(batch_size)
             if drawn is not None:
                 break
-        else:
-            drawn = None
+            drawn = self._sample_once(batch_size)
         if drawn is None:
             raise self._unavailable(0) if not self._live() else EmptyBufferError("every shard is empty")
         data, info = drawn
         return (data, info) if return_info else data
 
+    def _sample_prefetched(self, batch_size: int) -> tuple[Any, dict] | None:
+        """The next batch drawn ahead; None when a shard went down on the way (the caller draws
+        again).
+
+        Batches are drawn ``prefetch`` at a time: one round asks each shard for its rows of the
+        next ``prefetch`` batches at once (one request per shard for all of them), and one more
+        round is kept in flight while they are handed out, so that the shards draw and send it
+        while this client assembles and its caller learns.
+        """
+        rows = batch_size * self._prefetch
+        with self._lock:
+            if self._ready and self._ready[0][0] != batch_size:
+                self._ready.clear()  # drawn for another size: dropped
+            if self._ready:
+                return self._ready.popleft()[1]
+            while self._in_flight and self._in_flight[0].batch_size != rows:
+                self._in_flight.popleft()
+            pending = self._in_flight.popleft() if self._in_flight else self._issue(rows)
+            if pending is not None and not self._in_flight:
+                # Sent before this round is read: a shard runs one client's calls in the order sent.
+                following = self._issue(rows)
+                if following is not None:
+                    self._in_flight.append(following)
+        drawn = None if pending is None else self._collect(pending)
+        if drawn is None:
+            return None
+        data, info = drawn
+        batches = [
+            (_rows(data, j * batch_size, batch_size), {k: _rows(v, j * batch_size, batch_size) for k, v in info.items()})
+            for j in range(self._prefetch)
+        ]
+        with self._lock:
+            self._ready.extend((batch_size, batch) for batch in batches[1:])
+        return batches[0]
+
+    def _drop_prefetched(self) -> None:
+        """Forgets the rounds in flight (their rows were drawn before the buffer's contents changed)."""
+        with self._lock:
+            self._in_flight.clear()
+            self._ready.clear()
+
     def _sample_once(self, batch_size: int) -> tuple[Any, dict] | None:
-        """One attempt: None when a shard went down on the way (the caller draws again).
+        """One attempt: None when a shard went down on the way (the caller draws again)."""
+        pending = self._issue(batch_size)
+        return None if pending is None else self._collect(pending)
+
+    def _issue(self, batch_size: int) -> _Round | None:
+        """Sends one sample's requests to every live shard; None when no shard is up.
 
         The batch is split among the shards by the sizes and masses they reported with their
         last answer to this client (this client's writes and updates included); shards not
         heard from yet are asked first. Every live shard is part of each sample call (with 0
         items when the split gives it none), so their reports stay current: a shard filled by
-        other processes is seen from the next sample on.
+        other processes is seen from the next sample on. Each row of the batch draws its shard,
+        and the shard's rows fill the positions that drew it: the batch comes in random order
+        with no shuffle of its own.
+
+        Raises:
+            EmptyBufferError: every live shard is empty (or holds only zero priorities).
         """
         live = self._live()
         if not live:
@@ -588,35 +688,46 @@ class ShardedReplayBuffer:
             # Reports may be old (other processes write too): ask once more before giving up.
             if not unknown:
                 self._shard_stats.clear()
-                return self._sample_once(batch_size)
+                return self._issue(batch_size)
             raise EmptyBufferError(
                 "every shard that is up is empty" + (" or has only zero priorities" if prioritized else "")
             )
-        drawn = torch.multinomial(weights, batch_size, replacement=True, generator=self._generator)
-        counts = torch.bincount(drawn, minlength=len(shards)).tolist()
+        # Each position of the batch draws its shard by inverse transform sampling (a multinomial
+        # draw, cheaper than torch.multinomial for a few categories and many draws); a shard of
+        # zero weight has an empty interval and is never drawn.
+        bounds = torch.cumsum(weights, 0)
+        uniform = torch.rand(batch_size, dtype=torch.float64, generator=self._generator) * bounds[-1]
+        drawn = torch.searchsorted(bounds, uniform, right=True)
+        last = int(torch.nonzero(weights > 0)[-1])
+        drawn.clamp_(max=last)  # rounding at the top end stays on a shard that holds something
+        positions = {shard: torch.nonzero(drawn == j).reshape(-1) for j, shard in enumerate(shards)}
+        counts = torch.tensor([len(positions[shard]) for shard in shards])
         global_min = None
         if prioritized:
             global_min = min(stats[i]["min"] for i in shards if stats[i]["mass"] > 0)
-        calls = {
-            shard: (lambda h, k=k, off=shard * self._stride: h.sample_shard.remote(k, off, global_min))
-            for shard, k in zip(shards, counts)
-        }
-        results, failed = self._gather(calls)
-        for shard, (_, _, shard_stats) in results.items():
-            self._shard_stats[shard] = shard_stats
-        if failed or any(results[s][0] is None and calls_k > 0 for s, calls_k in zip(shards, counts)):
-            return None  # a shard went down, or had less to draw from than reported: draw again
-        parts = [results[s] for s in sorted(results) if results[s][0] is not None]
-        data = _concat([p[0] for p in parts])
-        info: dict[str, Any] = {}
-        for key in parts[0][1]:
-            values = [p[1][key] for p in parts]
-            info[key] = torch.cat(values, 0) if isinstance(values[0], torch.Tensor) else values
-        # Rows came grouped by shard: shuffle them so that any slice of the batch is a fair sample.
-        order = torch.randperm(batch_size, generator=self._generator)
-        data = _take(data, order)
-        info = {k: v[order] if isinstance(v, torch.Tensor) and v.shape[:1] == (batch_size,) else v for k, v in info.items()}
-        return data, info
+        calls = {}
+        for shard, k in zip(shards, counts.tolist()):
+            chunks = chunk_count(k, self._row_bytes)
+            calls[shard] = lambda h, k=k, off=shard * self._stride, c=chunks: _as_list(
+                h.sample_shard_packed.options(num_returns=c).remote(k, off, global_min, c)
+            )
+        refs = {i: call(self._handles[i]) for i, call in calls.items()}
+        return _Round(batch_size, positions, calls, refs)
+
+    def _collect(self, pending: _Round) -> tuple[Any, dict] | None:
+        """Waits for a round's answers and assembles its batch; None when a shard went down or had
+        less to draw from than reported (the caller draws again)."""
+        results, failed = self._wait(pending.calls, pending.refs)
+        for shard, reply in results.items():
+            self._shard_stats[shard] = reply[0][1]
+        asked = {shard for shard, where in pending.positions.items() if where.numel()}
+        if failed or any(results[s][0][0] is None for s in asked):
+            return None
+        replies = [(results[s][0][0], [results[s][0][2], *results[s][1:]]) for s in sorted(asked)]
+        sizes = [h[4] for h, _ in replies if h[0] != "pickled"]
+        if sizes:
+            self._row_bytes = max(sizes)
+        return assemble(replies, [pending.positions[s] for s in sorted(asked)], pending.batch_size)
 
     def __getitem__(self, index: Any) -> Any:
         """Reads items by global index (an int, or a 1-D tensor or list of ints)."""
@@ -673,6 +784,7 @@ class ShardedReplayBuffer:
                 f"{path} holds {meta['num_shards']} shards of {meta['shard_capacity']}, expected {self._num_shards} "
                 f"of {self._stride}"
             )
+        self._drop_prefetched()
         calls = {i: (lambda h, i=i: h.call.remote("loads", (_shard_dir(path, i),))) for i in range(self._num_shards)}
         self._raise_failed(self._gather(calls)[1])
 
@@ -698,6 +810,7 @@ class ShardedReplayBuffer:
         lost. Other clients find the new actor by name at their next call to the shard.
         """
         self._check_shard(shard)
+        self._drop_prefetched()
         ray = require_ray()
         try:
             ray.kill(self._handles[shard], no_restart=True)

@@ -17,6 +17,12 @@ def test_sharded_buffer_refuses_a_bad_shard_count(num_shards):
         ShardedReplayBuffer(num_shards=num_shards)
 
 
+@pytest.mark.parametrize("prefetch", [-1, 1.5, True, "2"])
+def test_sharded_buffer_refuses_a_bad_prefetch(prefetch):
+    with pytest.raises(ValueError, match="prefetch"):
+        ShardedReplayBuffer(num_shards=2, prefetch=prefetch)
+
+
 @pytest.mark.parametrize("cls", [ShardedReplayBuffer, RayReplayBuffer])
 def test_a_rate_limiter_must_be_one(cls):
     with pytest.raises(TypeError, match="RateLimiter"):

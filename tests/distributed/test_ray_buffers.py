@@ -20,7 +20,13 @@ from tensordict import TensorDict
 
 ray = pytest.importorskip("ray")
 
-from gpubuf import LazyTensorStorage, TensorDictPrioritizedReplayBuffer  # noqa: E402
+from gpubuf import (  # noqa: E402
+    LazyTensorStorage,
+    RoundRobinWriter,
+    SamplerWithoutReplacement,
+    TensorDictPrioritizedReplayBuffer,
+    TensorDictReplayBuffer,
+)
 from gpubuf.distributed import (  # noqa: E402
     MinSize,
     RayReplayBuffer,
@@ -106,6 +112,65 @@ def test_remote_buffer_forwards_the_buffer_api(remote, tmp_path):
     assert len(remote) == 0
     remote.loads(tmp_path / "ckpt")
     assert len(remote) == before
+
+
+def test_remote_buffer_members_act_on_the_actor_buffer(ray_cluster):
+    # Every member of TorchRL's RayReplayBuffer, used through the handle: the effects are read
+    # back from the actor, never from a local copy.
+    rb = RayReplayBuffer(
+        replay_buffer_cls=TensorDictReplayBuffer,
+        storage=partial(LazyTensorStorage, 8),
+        sampler=SamplerWithoutReplacement,
+        writer=partial(RoundRobinWriter, track_generations=True),
+        batch_size=4,
+        remote_config={"num_cpus": 0},
+        delayed_init=True,
+    )
+    try:
+        assert not rb.initialized
+
+        def traced(ids: torch.Tensor) -> TensorDict:
+            data = rows(ids)
+            data["traj_ids"] = ids // 3
+            return data
+
+        ids = torch.arange(6)
+        index = rb.extend(traced(ids))
+        assert rb.initialized
+        # Components, through the actor.
+        assert len(rb.storage) == 6 and rb.storage.max_size == 8
+        assert torch.equal(rb.storage[index]["id"], ids)
+        assert type(rb.sampler).__name__ == "RemoteComponent" and rb.sampler.ran_out is False
+        generation = rb.writer.generations_of(index)
+        assert generation.shape == (6,) and bool((generation >= 0).all())
+        rb.transform.append(lambda td: td.set("seen", torch.ones(td.batch_size)))
+        assert bool((rb.sample()["seen"] == 1).all())  # the appended transform runs on the actor
+        # In-place writes return the client for chaining, and land on the actor.
+        assert rb.set_("obs", torch.zeros(6, 3)) is rb
+        assert rb.set_at_("obs", torch.ones(2, 3), index[:2]).share() is rb
+        assert torch.equal(rb[:]["obs"][:, 0], torch.tensor([1.0, 1, 0, 0, 0, 0]))
+        assert rb.update_({"obs": torch.full((6, 3), 5.0)}) is rb and bool((rb[:]["obs"] == 5).all())
+        # Conditional updates: a live handle is patched, a stale one is skipped.
+        result = rb.update_if_present(index=index[:3], generation=generation[:3], patch={"id": torch.full((3,), 70)})
+        assert result.updated_count == 3
+        rb.extend(traced(torch.arange(100, 103)))  # rewrites slots 6, 7 and 0: slot 0's handle is stale
+        patch = {"id": torch.full((2,), 80)}
+        future = rb.submit_update_if_present(index=index[:2], generation=generation[:2], patch=patch)
+        rb.synchronize()
+        assert future.result().updated.tolist() == [False, True]
+        assert rb[1]["id"] == 80 and rb[0]["id"] == 102
+        # Bulk writes and reads, oldest first.
+        rb.write_all(traced(torch.arange(20, 28)))
+        assert torch.equal(rb.read_all_in_order()["id"], torch.arange(20, 28))
+        # Iteration without replacement: every item once, then the end.
+        seen = torch.cat([batch["id"] for batch in rb])
+        assert torch.equal(torch.sort(seen).values, torch.arange(20, 28))
+        assert rb.next() is not None  # a new pass starts after the end
+        rb.empty()
+        rb.extend(traced(torch.arange(1, 9)))  # trajectories 0: ids 1-2, 1: ids 3-5, 2: ids 6-8
+        assert sorted(len(t) for t in rb.query(trajectory_key="traj_ids")) == [2, 3, 3]
+    finally:
+        rb.close()
 
 
 # ---------------------------------------------------------------------------- four shards
@@ -216,6 +281,45 @@ def test_a_killed_shard_raises_a_typed_error_and_comes_back_from_its_checkpoint(
     assert len(sharded) == 500
     back = sharded.sample(2048)
     assert bool((sharded.split_index(back["index"])[0] == victim).any())
+
+
+def test_batches_drawn_ahead_are_stored_rows_and_follow_updates_and_empty(ray_cluster):
+    prefetch = 2
+    rb = ShardedReplayBuffer(
+        num_shards=2,
+        replay_buffer_cls=TensorDictPrioritizedReplayBuffer,
+        alpha=1.0,
+        beta=0.5,
+        storage=partial(LazyTensorStorage, 64),
+        batch_size=16,
+        prefetch=prefetch,
+        remote_config={"num_cpus": 0},
+        seed=3,
+    )
+    try:
+        index = torch.cat([rb.extend(rows(torch.arange(s * 32, (s + 1) * 32))) for s in range(2)])
+        shard_of, _ = rb.split_index(index)
+        for _ in range(3 * prefetch):
+            batch = rb.sample()
+            assert batch.batch_size == (16,)
+            assert torch.equal(batch["id"], rb[batch["index"]]["id"])  # each row is the one its index names
+        assert rb.sample(8).batch_size == (8,)  # another size: drawn now, not taken from what was drawn ahead
+        # Priority updates sent while batches are drawn ahead reach the shards: once those batches
+        # (at most 2 * prefetch) are handed out, shard 0's rows, now of negligible priority, are not drawn.
+        low = shard_of == 0
+        rb.update_priority(index, torch.where(low, 1e-6, 1.0))
+        masses = rb.stats()["shards"]
+        assert masses[0]["mass"] < 1e-3 and masses[1]["mass"] == pytest.approx(32.0)
+        for _ in range(2 * prefetch):
+            rb.sample()
+        later = torch.cat([rb.sample()["index"] for _ in range(4)])
+        assert not bool((rb.split_index(later)[0] == 0).any())
+        # Emptying drops what was drawn ahead: only rows written after it come back.
+        rb.empty()
+        rb.extend(rows(torch.arange(500, 532)))
+        assert bool((rb.sample()["id"] >= 500).all())
+    finally:
+        rb.close()
 
 
 # ---------------------------------------------------------------------------- rate limiter

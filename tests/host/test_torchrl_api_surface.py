@@ -45,8 +45,6 @@ RAY_SERVICE_PARAMS = {"service_backend", "service_backend_options", "transport",
 # Names not provided yet, with the reason; each is an expected failure (strict: the entry must go
 # once the name and all its members work).
 PENDING: dict[str, str] = {
-    "RayReplayBuffer": "the actor-side buffer's members (sampler, storage, writer, transform, conditional and bulk "
-    "writes, query) are not forwarded yet, and replay_buffer_cls defaults to gpubuf's ReplayBuffer",
 }
 
 SUBMODULES = ("samplers", "storages", "writers", "replay_buffers")
@@ -137,6 +135,9 @@ def _accepts(cls_or_fn, member: str | None, param: str) -> inspect.Parameter | N
 def _same_default(a, b) -> bool:
     if a is b or (isinstance(a, property) and isinstance(b, property)):
         # (a tensorclass field's default is the class's property in both)
+        return True
+    if inspect.isclass(a) and a.__module__.startswith("torchrl.") and getattr(gpubuf, a.__name__, None) is b:
+        # A TorchRL class as the default (RayReplayBuffer's replay_buffer_cls): gpubuf's namesake.
         return True
     try:
         return bool(a == b) and type(a) is type(b)
