@@ -6,7 +6,7 @@ on the storage's device with a small row table; sampling decodes only the sample
 depends on the device:
 
 - on the host, zstd (level 3, :mod:`gpubuf.ops.zstd_rows`): on real Atari frames it stores rows in
-  about half the bytes of the row codec and decodes them faster;
+  about half the bytes of the row codec;
 - on CUDA (and with ``backend="triton"``), the row codec of :mod:`gpubuf.codec.format` (lines of
   run-length codes, copies of the line above and, for stacked planes, copies of or residuals
   against the first plane), encoded on the GPU and decoded by the Triton kernels in the op that
