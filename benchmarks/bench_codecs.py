@@ -10,7 +10,8 @@ and ``next_obs``, from ``scripts/make_atari_frames.py``) and must give them back
 - ``... +dedup``: the same codec over each distinct frame once (a stacked row refers to its
   four frames, found by byte comparison as ``FrameStackStorage`` finds them); bytes per row
   count the frames' bytes plus four 4-byte references;
-- ``row codec``: gpubuf's ``CompressedTensorStorage`` (each stacked row on its own);
+- ``CompressedTensorStorage``: gpubuf's storage of rows coded one by one; on the host each row
+  is one zstd-3 frame (the in-house row codec is its device path);
 - ``row codec +dedup``: gpubuf's ``FrameStackStorage``.
 
 Encode is timed over every row (single thread, the way each library runs by default on the
@@ -119,7 +120,7 @@ class FrameChunks:
 
 
 class GpubufStorage:
-    """gpubuf's row codec through a storage: ``CompressedTensorStorage`` or ``FrameStackStorage``."""
+    """A gpubuf storage: ``CompressedTensorStorage`` (zstd rows on the host) or ``FrameStackStorage``."""
 
     def __init__(self, dedup: bool, capacity: int) -> None:
         from gpubuf.storages.codec_storage import CompressedTensorStorage
@@ -165,7 +166,7 @@ def run(stacks: np.ndarray, batch: int, repeats: int, chunk: int = 1000) -> dict
     for name, (c, d) in byte_codecs.items():
         makers[name] = lambda c=c, d=d: RowChunks(c, d)
         makers[f"{name} +dedup"] = lambda c=c, d=d: FrameChunks(c, d)
-    makers["row codec"] = lambda: GpubufStorage(False, len(stacks))
+    makers["CompressedTensorStorage"] = lambda: GpubufStorage(False, len(stacks))
     makers["row codec +dedup"] = lambda: GpubufStorage(True, len(stacks))
     raw_row = int(np.prod(STACK))
     results = {}

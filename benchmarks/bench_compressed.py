@@ -6,7 +6,8 @@ Providers, all holding the same transitions (``obs``, ``next_obs`` as stacks of 
 - ``torchrl.CompressedListStorage``: TorchRL's, zlib level 3, one item at a time on the host;
 - ``torchrl.LazyTensorStorage``: TorchRL's uncompressed storage;
 - ``gpubuf.FrameStackStorage``: the row codec plus frame deduplication;
-- ``gpubuf.CompressedTensorStorage``: the row codec alone, each stacked row on its own;
+- ``gpubuf.CompressedTensorStorage``: each stacked row on its own (zstd-3 frames on the host, the row
+  codec on CUDA);
 - ``gpubuf.LazyTensorStorage``: gpubuf's uncompressed storage.
 
 Flat keys ``obs``/``next_obs`` are used because TorchRL's ``CompressedListStorage`` compresses

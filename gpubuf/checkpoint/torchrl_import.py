@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from gpubuf.checkpoint.arrays import ArraySpec, read_file, view_array
-from gpubuf.checkpoint.values import encode_layout
+from gpubuf.checkpoint.values import Encoder, encode_layout
 from gpubuf.checkpoint.errors import (
     CheckpointCorruptError,
     CheckpointMismatchError,
@@ -218,6 +218,8 @@ def _storage(reader: _Reader, buffer: Any) -> tuple[dict, dict]:
 
     if not reader.exists("storage/storage_metadata.json") and reader.exists(H5_FILE):
         return _h5_storage(reader, buffer), {}
+    if not reader.exists("storage/storage_metadata.json") and reader.exists(CLIST_INDICES):
+        return _compressed_list(reader), {}
     smeta = reader.json("storage/storage_metadata.json")
     where = "storage/storage_metadata.json"
     is_pytree = require(smeta, "is_pytree", bool, where)
@@ -340,6 +342,111 @@ def _h5_storage(reader: _Reader, buffer: Any) -> dict:
     if isinstance(compact.get("_storage_shape"), int):
         compact["_storage_shape"] = [compact["_storage_shape"]]
     return {"compact": compact, "length": int(compact["_len"]), "ndim": getattr(getattr(buffer, "_storage", None), "ndim", 1)}
+
+
+CLIST_INDICES = "storage/data_indices.json"
+_CLIST_DATA = "storage/compressed_data"
+
+
+def _compressed_list(reader: _Reader) -> dict:
+    """A storage written by TorchRL's ``CompressedListStorageCheckpointer``.
+
+    Its files: ``storage/metadata.json`` (each item's metadata, with ``torch.Size``, dtypes and
+    devices as ``{"__type__": ..., "value": ...}``), ``storage/data_indices.json`` (each item's
+    position in the stack below, null for an unset slot) and ``storage/compressed_data/`` (a
+    memory-mapped lazy stack of TensorDicts: ``{"data": bytes}`` for a tensor item, one byte
+    tensor per field for a TensorDict item). The compressed bytes are registered as arrays;
+    :func:`_compressed_list_entry` assembles the storage's state dict once they are read.
+    """
+    where = "storage/metadata.json"
+    metadata = reader.json(where)
+    indices = reader.json(CLIST_INDICES)
+    if not isinstance(metadata, list) or not isinstance(indices, list) or len(metadata) != len(indices):
+        raise CheckpointCorruptError(f"{where} and {CLIST_INDICES}: expected two lists of one length")
+    if reader.exists(_CLIST_DATA):
+        stack = reader.json(f"{_CLIST_DATA}/meta.json")
+        if _class_of(stack.get("_type") if isinstance(stack, dict) else None, f"{_CLIST_DATA}/meta.json")[1] not in (
+            "LazyStackedTensorDict",
+        ) or stack.get("stack_dim", 0) != 0:
+            raise CheckpointCorruptError(f"{_CLIST_DATA}/meta.json: expected a lazy stack of TensorDicts along dim 0")
+    items: list = []
+    for i, (index, meta) in enumerate(zip(indices, metadata)):
+        at = f"{where}[{i}]"
+        if index is None:
+            if meta is not None:
+                raise CheckpointCorruptError(f"{at}: metadata for an item that was not saved")
+            items.append(None)
+            continue
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0 or not isinstance(meta, dict):
+            raise CheckpointCorruptError(f"{CLIST_INDICES}[{i}]: expected a position and a metadata object")
+        kind = meta.get("type")
+        if kind == "tensor":
+            expected = {"data"}
+        elif kind == "tensordict" and isinstance(meta.get("fields"), dict):
+            fields = meta["fields"]
+            odd = [k for k, f in fields.items() if not isinstance(f, dict) or f.get("type") != "tensor"]
+            if odd:
+                raise CheckpointMismatchError(f"{at}: non-tensor fields {odd} are not imported")
+            expected = set(fields)
+        else:
+            raise CheckpointMismatchError(f"{at}: items of type {kind!r} are not imported (tensors and TensorDicts are)")
+        leaves: list = []
+        _td_dir(reader, _existing(reader, _CLIST_DATA, [str(index)], at), (), leaves)
+        found = {key[0] for key, *_ in leaves if len(key) == 1}
+        if found != expected or len(leaves) != len(expected):
+            raise CheckpointCorruptError(f"{at}: the saved bytes hold {sorted(found)}, the metadata names {sorted(expected)}")
+        arrays = {}
+        for key, dtype, shape, rel in leaves:
+            if dtype != torch.uint8 or len(shape) != 1:
+                raise CheckpointCorruptError(f"{rel}: compressed bytes must be 1-D uint8, got {dtype}{list(shape)}")
+            arrays[key[0]] = reader.array(f"storage/clist/{i}/{key[0]}", rel, dtype, shape)
+        items.append((_torch_values(meta, at), arrays))
+    return {"compressed_list": items}
+
+
+def _torch_values(value: Any, where: str) -> Any:
+    """TorchRL's JSON metadata with its ``{"__type__": ...}`` leaves as torch objects (never ``eval``)."""
+    if isinstance(value, list):
+        return [_torch_values(v, where) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "__type__" not in value:
+        return {k: _torch_values(v, f"{where}[{k!r}]") for k, v in value.items()}
+    kind, raw = value.get("__type__"), value.get("value")
+    if kind == "torch.Size" and isinstance(raw, list) and all(isinstance(d, int) and d >= 0 for d in raw):
+        return torch.Size(raw)
+    if kind == "torch.dtype":
+        return parse_dtype(raw, where)
+    if kind == "torch.device" and isinstance(raw, str):
+        try:
+            return torch.device(raw)
+        except RuntimeError:
+            pass
+    raise CheckpointCorruptError(f"{where}: cannot read {value!r:.80}")
+
+
+def _compressed_list_entry(entry: dict, arrays: dict) -> dict:
+    """The native entry of a TorchRL compressed list storage: its ``state_dict()``, for
+    ``CompressedListStorage.load_state_dict`` (the items stay compressed as they were)."""
+    storage, metadata = [], []
+    for item in entry["compressed_list"]:
+        if item is None:
+            storage.append(None)
+            metadata.append(None)
+            continue
+        meta, names = item
+        parts = {key: arrays.pop(name) for key, name in names.items()}
+        storage.append(parts["data"] if meta["type"] == "tensor" else parts)
+        metadata.append(meta)
+    encoder, encoded = Encoder.collecting("s")
+    state = encoder.encode({"_storage": storage, "_metadata": metadata}, "the TorchRL compressed list")
+    arrays.update({f"storage/{name}": tensor for name, tensor in encoded.items()})
+    return {
+        "codec": "compressed_list_storage",
+        "codec_version": 1,
+        "class": "torchrl",
+        "state": {"class": "gpubuf.storages.compressed.CompressedListStorage", "state": state},
+    }
 
 
 def _is_compact(root: dict) -> bool:
@@ -506,6 +613,8 @@ def read_torchrl_checkpoint(path: Path, buffer: Any) -> tuple[dict, dict]:
     arrays = reader.read_all()
     if "compact" in storage_entry:
         storage_entry = _compact_storage(storage_entry, arrays)
+    elif "compressed_list" in storage_entry:
+        storage_entry = _compressed_list_entry(storage_entry, arrays)
     for name in skipped:
         warnings.warn(
             f"{name} of the TorchRL checkpoint {path} is a pickle and was not read: {SKIPPED_PICKLES[name]}",

@@ -96,8 +96,7 @@ class RowStore:
         """
         need = int(encoded.data.numel())
         if self.used + need > self.arena.numel():
-            keep = live().clone()
-            keep[ids] = False
+            keep = live().clone().index_fill_(0, ids, False)
             # Room for every slot at this batch's mean row size, so that filling the store does
             # not copy the arena over and over; an unwritten CPU page costs nothing.
             expected = need * self.rows // max(int(ids.numel()), 1) + need
@@ -106,11 +105,17 @@ class RowStore:
         if need:
             self.arena[start : start + need].copy_(encoded.data)
         self.used = start + need
-        self.offsets[ids] = encoded.starts + start
-        self.lengths[ids] = encoded.lengths.to(torch.int32)
-        self.checksums[ids] = as_int32(encoded.checksums)
+        # index_copy_ / index_fill_ rather than ``t[ids] = v``: on the CPU, torch runs an index
+        # assignment of a few thousand rows on its thread pool, which costs milliseconds when
+        # the cores are busy; these stay on the calling thread at this size.
+        self.offsets.index_copy_(0, ids, (encoded.starts + start).to(torch.int64))
+        self.lengths.index_copy_(0, ids, encoded.lengths.to(torch.int32))
+        self.checksums.index_copy_(0, ids, as_int32(encoded.checksums))
         if self.refs is not None:
-            self.refs[ids] = refs if refs is not None else -1
+            if refs is None:
+                self.refs.index_fill_(0, ids, -1)
+            else:
+                self.refs.index_copy_(0, ids, refs.to(torch.int32))
 
     def _compact(self, keep: torch.Tensor, need: int, reserve: int = 0) -> None:
         """Moves the rows where ``keep`` into a fresh arena with room for ``need`` more bytes.
@@ -130,8 +135,8 @@ class RowStore:
         # Slots not kept keep length 0 and offset 0: they read as corrupt, never as old bytes.
         self.offsets.zero_()
         self.lengths.zero_()
-        self.offsets[kept] = new_offsets
-        self.lengths[kept] = lengths.to(torch.int32)
+        self.offsets.index_copy_(0, kept, new_offsets)
+        self.lengths.index_copy_(0, kept, lengths.to(torch.int32))
         self.arena = arena
         self.used = live
 
@@ -182,7 +187,7 @@ class RowStore:
         """
         n = kept.shape[0]
         new_of_old = torch.full((self.rows,), -1, dtype=torch.int64, device=self.device)
-        new_of_old[kept] = torch.arange(n, device=self.device)
+        new_of_old.index_copy_(0, kept, torch.arange(n, device=self.device))
         offsets = self.offsets.index_select(0, kept)
         lengths = self.lengths.index_select(0, kept)
         checksums = self.checksums.index_select(0, kept)
@@ -194,7 +199,7 @@ class RowStore:
         self.checksums[:n] = checksums
         if self.refs is not None:
             old_refs = self.refs.index_select(0, kept)
-            mapped = torch.where(old_refs >= 0, new_of_old[old_refs.clamp_min(0).to(torch.int64)], -1)
+            mapped = torch.where(old_refs >= 0, new_of_old.index_select(0, old_refs.clamp_min(0).to(torch.int64)), -1)
             lost = (old_refs >= 0) & (mapped < 0)
             mapped = torch.where(lost, rows, mapped).to(torch.int32)
             changed = (mapped != old_refs) & ~lost

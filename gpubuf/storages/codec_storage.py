@@ -1,14 +1,20 @@
 """``CompressedTensorStorage``: a tensor storage whose large leaves are kept compressed on its device.
 
 Chosen leaves (by default every leaf of at least ``min_row_bytes`` bytes per item, such as image
-observations) are stored row by row in the format of :mod:`gpubuf.codec.format`: each row is
-coded on its own, in lines of run-length codes, copies of the line above and, for stacked planes
-(a frame stack), copies of or residuals against the first plane. The rows' bytes live in one
-flat ``uint8`` arena on the storage's device with a small row table. Writing encodes on the
-device of the data (the GPU when the storage is there); sampling decodes only the sampled rows,
-in the same op that gathers them (one Triton launch pair on CUDA, the torch twin on CPU). Every
-read verifies each row's length, structure and Adler-32 checksum and raises
-:class:`~gpubuf.codec.errors.CorruptRowError` rather than return a corrupt row.
+observations) are stored row by row, each row compressed on its own, in one flat ``uint8`` arena
+on the storage's device with a small row table; sampling decodes only the sampled rows. The codec
+depends on the device:
+
+- on the host, zstd (level 3, :mod:`gpubuf.ops.zstd_rows`): on real Atari frames it stores rows in
+  about half the bytes of the row codec;
+- on CUDA (and with ``backend="triton"``), the row codec of :mod:`gpubuf.codec.format` (lines of
+  run-length codes, copies of the line above and, for stacked planes, copies of or residuals
+  against the first plane), encoded on the GPU and decoded by the Triton kernels in the op that
+  gathers the sampled rows.
+
+A state saved with one codec and loaded into a storage using the other is re-encoded on load.
+Every read verifies each row (length, structure and checksum) and raises
+:class:`~gpubuf.codec.errors.CorruptRowError` naming the row rather than return a corrupt one.
 
 Other leaves are kept as plain preallocated tensors, exactly as in
 :class:`~gpubuf.storages.tensor.LazyTensorStorage`. Compression is lossless for every dtype.
@@ -30,7 +36,8 @@ from gpubuf.errors import (
     IndexOutOfRangeError,
     SchemaMismatchError,
 )
-from gpubuf.ops.decode_rows import decode_rows
+from gpubuf.ops.decode_rows import RowTable, decode_rows
+from gpubuf.ops.zstd_rows import zstd_decode_rows, zstd_encode_rows
 from gpubuf.storages._layout import Layout
 from gpubuf.storages.base import Storage, check_max_size
 from gpubuf.storages.items import as_device, is_int, leading_size, stack_items
@@ -381,14 +388,16 @@ class CompressedTensorStorage(EncodedStorageBase):
         max_size: capacity in items.
 
     Keyword Args:
-        device: where data, compressed rows and sampled batches live: ``"cpu"`` (default),
-            ``"cuda"``, a ``torch.device``, or ``"auto"``/``None`` for the first batch's device.
-            Encoding runs there (on the GPU for a CUDA storage); so does decoding.
+        device: where data, compressed rows and sampled batches live: ``"cpu"`` (default,
+            zstd rows), ``"cuda"`` (row codec), a ``torch.device``, or ``"auto"``/``None`` for
+            the first batch's device. Encoding runs there (on the GPU for a CUDA storage); so
+            does decoding.
         compress_keys: leaves to compress (keys of a TensorDict/tensorclass, e.g.
             ``["observation", ("next", "observation")]``; ``()`` for a plain tensor). By default
             every leaf of at least ``min_row_bytes`` bytes per item.
         min_row_bytes: the default's threshold (1024).
-        verify: verify the checksum of every row read (length and structure are always checked).
+        verify: verify the checksum of every row read (length and structure are always checked;
+            zstd rows always check their checksum).
         compilable: accepted for TorchRL compatibility.
 
     Examples:
@@ -412,6 +421,7 @@ class CompressedTensorStorage(EncodedStorageBase):
         self.compress_keys = None if compress_keys is None else [_norm_key(k) for k in compress_keys]
         self.min_row_bytes = int(min_row_bytes)
         self._stores: list[RowStore] = []
+        self._codec = "zstd"  # or "rows" (the row codec); fixed when the stores are made
 
     def _choose(self, layout: Layout) -> list[int]:
         if self.compress_keys is None:
@@ -425,6 +435,7 @@ class CompressedTensorStorage(EncodedStorageBase):
         return sorted(chosen)
 
     def _init_encoded(self, layout: Layout, device: torch.device) -> None:
+        self._codec = "zstd" if device.type == "cpu" and self._backend != "triton" else "rows"
         self._stores = [
             RowStore(RowGeometry.of(layout.leaves[i].dtype, layout.leaves[i].shape), self.max_size, device)
             for i in self._encoded
@@ -436,13 +447,22 @@ class CompressedTensorStorage(EncodedStorageBase):
 
     def _write_encoded(self, ids: torch.Tensor, leaves: list[torch.Tensor], sequential: bool) -> None:
         for store, leaf in zip(self._stores, leaves):
-            encoded = encode_rows(leaf, store.geometry)
-            store.write(ids, encoded, lambda store=store: store.lengths > 0)
+            self._write_encoded_store(store, ids, leaf)
+
+    def _write_encoded_store(self, store: RowStore, ids: torch.Tensor, leaf: torch.Tensor) -> None:
+        encoded = zstd_encode_rows(leaf) if self._codec == "zstd" else encode_rows(leaf, store.geometry)
+        store.write(ids, encoded, lambda: store.lengths > 0)
 
     def _read_encoded(self, index: torch.Tensor) -> list[torch.Tensor]:
-        return [
-            decode_rows(store.table(), index, verify=self.verify, check_bounds=False, backend=self._backend) for store in self._stores
-        ]
+        return [self._decode(store, index, self._codec) for store in self._stores]
+
+    def _decode(self, store: RowStore, index: torch.Tensor, codec: str) -> torch.Tensor:
+        if codec == "zstd":
+            table = store.table()
+            if table.device.type != "cpu":  # zstd rows saved on the host, loaded on a GPU
+                table = RowTable(*(t.cpu() for t in (table.arena, table.offsets, table.lengths, table.checksums)), None, table.geometry)
+            return zstd_decode_rows(table, index.cpu()).to(index.device)
+        return decode_rows(store.table(), index, verify=self.verify, check_bounds=False, backend=self._backend)
 
     def _empty_encoded(self) -> None:
         for store in self._stores:
@@ -484,8 +504,15 @@ class CompressedTensorStorage(EncodedStorageBase):
 
     # ------------------------------------------------------------------ state
     def _encoded_state(self) -> dict[str, Any]:
-        return {"stores": [store_state(s) for s in self._stores]}
+        return {"codec": self._codec, "stores": [store_state(s) for s in self._stores]}
 
     def _load_encoded_state(self, state: dict[str, Any]) -> None:
+        saved_codec = state.get("codec", "rows")
         for store, saved in zip(self._stores, state["stores"]):
             load_store_state(store, saved)
+            if saved_codec != self._codec:  # saved by a storage on another device: re-encoded here
+                ids = (store.lengths > 0).nonzero().squeeze(1)
+                rows = self._decode(store, ids, saved_codec)
+                store.empty()
+                if ids.numel():
+                    self._write_encoded_store(store, ids, rows)

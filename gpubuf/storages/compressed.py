@@ -541,7 +541,7 @@ class CompressedListStorage(ListStorage):
         Raises:
             StateDictKeyError: ``_storage`` or ``_metadata`` missing.
             StateDictError: not two lists of one length (at most ``max_size``) with a metadata
-                dict per item; nothing changes.
+                dict per item (None for an unset slot); nothing changes.
         """
         if not isinstance(state_dict, dict):
             raise StateDictError(f"storage state: expected a dict, got {type(state_dict).__name__}")
@@ -554,11 +554,11 @@ class CompressedListStorage(ListStorage):
             or not isinstance(metadata, (list, tuple))
             or len(items) != len(metadata)
             or len(items) > self.max_size
-            or not all(isinstance(entry, dict) for entry in metadata)
+            or not all(isinstance(m, dict) or (m is None and e is None) for e, m in zip(items, metadata))
         ):
             raise StateDictError(
                 f"storage state: expected _storage and _metadata lists of one length (at most {self.max_size}), with "
-                "a metadata dict per item"
+                "a metadata dict per item (None for an unset slot)"
             )
         # Copies, so that the storage never shares memory with the caller's objects.
         self._rows = None

@@ -171,16 +171,16 @@ class FrameStackStorage(EncodedStorageBase):
     # ------------------------------------------------------------------ liveness and renumbering
     def _live_frames(self, extra: torch.Tensor | None = None) -> torch.Tensor:
         """bool ``[frame slots]``: frames referenced by a stored row, the tail or ``extra``, and their keys."""
+        # index_fill_ / masked_select rather than indexing with tensors: see RowStore.write.
         live = torch.zeros(self._frames.rows, dtype=torch.bool, device=self._refs.device)
         ids = self._refs.view(-1)
-        live[ids[ids >= 0].to(torch.int64)] = True
+        live.index_fill_(0, ids.masked_select(ids >= 0).to(torch.int64), True)
         if self._tail is not None:
-            live[self._tail[1].view(-1).to(torch.int64)] = True
+            live.index_fill_(0, self._tail[1].view(-1).to(torch.int64), True)
         if extra is not None and extra.numel():
-            live[extra] = True
-        keys = self._frames.refs.to(torch.int64)
-        key_of_live = keys[live]
-        live[key_of_live[key_of_live >= 0]] = True
+            live.index_fill_(0, extra, True)
+        key_of_live = self._frames.refs.masked_select(live).to(torch.int64)
+        live.index_fill_(0, key_of_live.masked_select(key_of_live >= 0), True)
         return live
 
     def _compact_frames(self, room: int) -> None:
@@ -192,15 +192,16 @@ class FrameStackStorage(EncodedStorageBase):
             capacity = 2 * (k + room)
         device = self._refs.device
         new_of_old = torch.full((self._frames.rows,), -1, dtype=torch.int64, device=device)
-        new_of_old[kept] = torch.arange(k, device=device)
+        new_of_old.index_copy_(0, kept, torch.arange(k, device=device))
         self._frames.keep_rows(kept, capacity)
         age = torch.zeros(capacity, dtype=torch.int32, device=device)
         age[:k] = self._age.index_select(0, kept)
         self._age = age
-        self._refs = torch.where(self._refs >= 0, new_of_old[self._refs.clamp_min(0).to(torch.int64)], -1).to(torch.int32)
+        renumbered = new_of_old.index_select(0, self._refs.clamp_min(0).view(-1).to(torch.int64)).view(self._refs.shape)
+        self._refs = torch.where(self._refs >= 0, renumbered, -1).to(torch.int32)
         if self._tail is not None:
             slot, ids, frames = self._tail
-            self._tail = (slot, new_of_old[ids.to(torch.int64)].to(torch.int32), frames)
+            self._tail = (slot, new_of_old.index_select(0, ids.view(-1).to(torch.int64)).view(ids.shape).to(torch.int32), frames)
         self._n_frames = k
 
     # ------------------------------------------------------------------ writing
@@ -221,7 +222,7 @@ class FrameStackStorage(EncodedStorageBase):
             fid = self._write_compiled(stacks, tail_frames, None if tail is None else tail[1])
         else:
             fid = self._write_steps(stacks, tail_frames, None if tail is None else tail[1])
-        self._refs[:, ids] = fid.view(n + 1, J, S)[1:].permute(1, 0, 2).to(torch.int32)
+        self._refs.index_copy_(1, ids, fid.view(n + 1, J, S)[1:].permute(1, 0, 2).to(torch.int32))
         last = n - 1
         # torch.stack copies: the tail outlives the caller's batch.
         self._tail = (int(ids[last]), fid.view(n + 1, J, S)[n].to(torch.int32), torch.stack([x[last] for x in stacks]))
@@ -268,7 +269,7 @@ class FrameStackStorage(EncodedStorageBase):
             keys >= 0, refs, self._frame_geometry, inrow=False, out=self._encode_out, backend="numba",
         )
         new_ids = torch.arange(first_id, first_id + m)
-        self._frames.write(new_ids, encoded, lambda: self._live_frames(fid[fid >= 0]), refs=refs)
+        self._frames.write(new_ids, encoded, lambda: self._live_frames(fid.masked_select(fid >= 0)), refs=refs)
         self._age[first_id : first_id + m] = torch.from_numpy(ages)
         self._n_frames = first_id + m
         return fid

@@ -161,12 +161,31 @@ def test_storage_raises_on_corrupt_rows_and_stays_usable(kind, atari, cpu_backen
     n = len(storage)
     assert torch.equal(storage.get(torch.arange(n))["obs"], td["obs"])
     store = storage._stores[0] if kind == "tensor" else storage._frames
-    victim = int(store.offsets[int(store.lengths.argmax())]) + 25
+    row = int(store.lengths.argmax())
+    victim = int(store.offsets[row]) + 25
     store.arena[victim] ^= 0x44
-    with pytest.raises(CorruptRowError):
+    with pytest.raises(CorruptRowError) as err:
         storage.get(torch.arange(n))
+    if kind == "tensor":  # one stored row per item: the error names it
+        assert err.value.rows == [row]
     store.arena[victim] ^= 0x44
     assert torch.equal(storage.get(torch.arange(n))["next", "obs"], td["next", "obs"])
+
+
+def test_truncated_zstd_row_is_named(atari):
+    from gpubuf.storages.codec_storage import CompressedTensorStorage
+
+    frames = torch.from_numpy(atari["frames"][:12])
+    storage = CompressedTensorStorage(12)
+    storage._write_rows(0, frames)
+    assert storage._codec == "zstd"
+    store = storage._stores[0]
+    store.lengths[5] -= 1
+    with pytest.raises(CorruptRowError, match="failed to decode") as err:
+        storage.get(torch.tensor([2, 5, 7, 5]))
+    assert err.value.rows == [1, 3]
+    store.lengths[5] += 1
+    assert torch.equal(storage.get(torch.tensor([2, 5])), frames[[2, 5]])
 
 
 def test_nothing_is_written_on_failure(cpu_backend):
