@@ -190,10 +190,13 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
         stage = context.staging
         if stage is not None and "hooked" not in state and not storage.initialized:
             staged = [stage.arrays.get(f"{stage.prefix}leaf_{i}") for i in range(len(leaves))]
-            if all(path is not None for path in staged):
+            if any(path is not None for path in staged) and not any(isinstance(leaf, LiveArray) for leaf in leaves):
+                # The copies are the files the storage would hold: they become its own. Leaves too
+                # small for a file of their own in the checkpoint are written into new files.
+                sources = [str(path) if path is not None else leaf for path, leaf in zip(staged, leaves)]
+
                 def apply_adopt() -> None:
-                    # The copies are the files the storage would hold: they become its own.
-                    storage._adopt_files(layout, [str(path) for path in staged], scratch_dir=stage.root())
+                    storage._adopt_files(layout, sources, scratch_dir=stage.root())
                     stage.adopted = True
                     storage._len = length
 

@@ -303,7 +303,9 @@ class LazyMemmapStorage(LazyTensorStorage):
             return
         self._init_private(layout)
 
-    def _adopt_files(self, layout: Layout, sources: Sequence[str], *, scratch_dir: str | None) -> None:
+    def _adopt_files(
+        self, layout: Layout, sources: Sequence[str | torch.Tensor], *, scratch_dir: str | None
+    ) -> None:
         """Initialises the empty storage from complete files, one per leaf: each is moved to its
         leaf's path (a rename) and mapped; no row is copied.
 
@@ -312,8 +314,9 @@ class LazyMemmapStorage(LazyTensorStorage):
 
         Args:
             layout: the items' layout.
-            sources: raw ``[capacity_dim0, *item_shape]`` files of the leaves, in layout order,
-                on the file system of the storage's directory.
+            sources: per leaf, in layout order, the path of a raw ``[capacity_dim0, *item_shape]``
+                file on the file system of the storage's directory, or a host tensor of that shape
+                (a small leaf), written into a new file.
             scratch_dir: the directory for a storage that has none yet (made for it, and then
                 its own, removed at cleanup); ignored when it has one.
 
@@ -340,7 +343,7 @@ class LazyMemmapStorage(LazyTensorStorage):
                 self._forget_directory()
             raise
 
-    def _init_private(self, layout: Layout, *, sources: list[str] | None = None) -> None:
+    def _init_private(self, layout: Layout, *, sources: list[str | torch.Tensor] | None = None) -> None:
         """First write of a storage nobody else has opened: make the directory, state and files
         (or adopt ``sources`` as the files, see :meth:`_adopt_files`)."""
         cap0, rest = self._capacity_plan(layout)
@@ -405,7 +408,9 @@ class LazyMemmapStorage(LazyTensorStorage):
         elif meta_dir is not None:
             shutil.rmtree(meta_dir, ignore_errors=True)
 
-    def _create_files(self, layout: Layout, *, overwrite: bool, sources: list[str] | None = None) -> None:
+    def _create_files(
+        self, layout: Layout, *, overwrite: bool, sources: list[str | torch.Tensor] | None = None
+    ) -> None:
         """Creates the data files (or moves ``sources`` there) and ``layout.json``; the caller
         holds the state lock.
 
@@ -443,10 +448,20 @@ class LazyMemmapStorage(LazyTensorStorage):
                     os.makedirs(parent, exist_ok=True)
                     made_dirs.append(missing)
                 existed = os.path.lexists(path)
-                if sources is None:
-                    fd = files.create_file(path, cap0 * row_bytes, exclusive=not overwrite)
+                source = None if sources is None else sources[i]
+                if isinstance(source, str):
+                    fd = files.adopt_file(source, path, cap0 * row_bytes)
                 else:
-                    fd = files.adopt_file(sources[i], path, cap0 * row_bytes)
+                    fd = files.create_file(path, cap0 * row_bytes, exclusive=not overwrite)
+                if isinstance(source, torch.Tensor):
+                    try:
+                        files.allocate_blocks(fd, 0, cap0 * row_bytes)
+                        files.write_rows(fd, 0, source.contiguous())
+                    except BaseException:
+                        os.close(fd)
+                        if not existed:
+                            _remove(path)
+                        raise
                 if not existed:
                     created.append(path)
                 opened.append(_LeafFile(path, fd, row_bytes))
@@ -457,7 +472,7 @@ class LazyMemmapStorage(LazyTensorStorage):
                 root,
                 files.describe(layout, max_size=self.max_size, ndim=self.ndim, capacity_dim0=cap0, rest_shape=rest),
             )
-            # Adopted files were written whole: every row has its blocks.
+            # Adopted or written files were written whole: every row has its blocks.
             state.alloc_rows = 0 if sources is None else cap0
             pending = self.__dict__.get("_pending_rows")
             if pending is not None:
