@@ -24,6 +24,7 @@ import errno
 import mmap
 import os
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,8 @@ from gpubuf.checkpoint.staging import Staging
 from gpubuf.checkpoint.writeback import Writeback
 
 PACK_THRESHOLD = 1 << 20
+#: Files read at once by a load (each on its own thread; the copies and page faults run in parallel).
+READERS = min(4, os.cpu_count() or 1)
 ALIGN = 64
 CHUNK = 16 << 20
 #: Bytes hashed and written at a time: small enough to be hashed and copied out of the CPU caches,
@@ -381,8 +384,7 @@ def _open_regular(path: Path, rel: str) -> Any:
 
 
 def read_file(
-    root: Path, rel: str, expected: dict, bar: Any, *, mapped: bool = False, copy_to: Path | None = None,
-    buffer: memoryview | None = None,
+    root: Path, rel: str, expected: dict, bar: Any, *, mapped: bool = False, copy_to: Path | None = None
 ) -> torch.Tensor:
     """A listed file's bytes as a host ``uint8`` tensor, its size and checksum checked.
 
@@ -398,8 +400,6 @@ def read_file(
         copy_to: a new file to copy the bytes to as they are read and hashed (a memory-mapped
             storage's file to be, see :mod:`~gpubuf.checkpoint.staging`); the result is then a
             private mapping of the copy. Files under :data:`PACK_THRESHOLD` bytes are read.
-        buffer: the memory a copy goes through (:data:`COPY_CHUNK` bytes or more), reused
-            from file to file.
 
     Raises:
         CheckpointCorruptError: missing, truncated, oversized, or a checksum mismatch.
@@ -421,7 +421,7 @@ def read_file(
                 + ("truncated" if size < nbytes else "it has trailing bytes")
             )
         if copy_to is not None and nbytes >= PACK_THRESHOLD:
-            out = _copy_verified(file, rel, nbytes, copy_to, hasher, bar, buffer)
+            out = _copy_verified(file, rel, nbytes, copy_to, hasher, bar)
         elif mapped and nbytes >= PACK_THRESHOLD:
             out = _map_private(file.fileno(), nbytes)
             view = memoryview(out.numpy())
@@ -451,16 +451,14 @@ def read_file(
     return out
 
 
-def _copy_verified(
-    file: Any, rel: str, nbytes: int, copy_to: Path, hasher: Hasher | None, bar: Any, buffer: memoryview | None
-) -> torch.Tensor:
-    """Copies the open checkpoint file ``file`` to the new file ``copy_to`` through ``buffer``,
-    hashing each chunk between its read and its write; returns a private mapping of the copy.
+def _copy_verified(file: Any, rel: str, nbytes: int, copy_to: Path, hasher: Hasher | None, bar: Any) -> torch.Tensor:
+    """Copies the open checkpoint file ``file`` to the new file ``copy_to`` through a buffer of
+    :data:`COPY_CHUNK` bytes, hashing each chunk between its read and its write; returns a
+    private mapping of the copy.
 
     The copy is not synced: it becomes a memory-mapped storage's file, which is never synced.
     """
-    if buffer is None or buffer.nbytes < COPY_CHUNK:
-        buffer = memoryview(bytearray(COPY_CHUNK))
+    buffer = memoryview(bytearray(COPY_CHUNK))
     copy_to.parent.mkdir(parents=True, exist_ok=True)
     out_fd = os.open(copy_to, os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
     try:
@@ -577,22 +575,33 @@ def read_arrays(
             rel for rel, f in files.items()
             if not f["live"] and rel.startswith(stage.prefix) and rel.endswith(".bin") and f["nbytes"] >= PACK_THRESHOLD
         }
+    if staged:
+        stage.open(sum(files[rel]["nbytes"] for rel in staged))
+
+    def read(rel: str) -> torch.Tensor:
+        return read_file(
+            root, rel, files[rel], bar, mapped=mapped is not None and rel.startswith(mapped),
+            copy_to=stage.directory / rel if rel in staged else None,
+        )
+
+    # Largest first, on READERS threads (reads, copies and page faults run without the GIL).
+    order = sorted((rel for rel, f in files.items() if not f["live"]), key=lambda rel: -files[rel]["nbytes"])
     bar = progress_bar(total, desc)
     raws: dict[str, torch.Tensor] = {}
-    buffer = None
     try:
-        for rel, expected in files.items():
-            if expected["live"]:
-                continue
-            copy_to = None
-            if rel in staged:
-                copy_to = stage.open(sum(files[r]["nbytes"] for r in staged)) / rel
-                if buffer is None:
-                    buffer = memoryview(bytearray(COPY_CHUNK))
-            raws[rel] = read_file(
-                root, rel, expected, bar, mapped=mapped is not None and rel.startswith(mapped), copy_to=copy_to,
-                buffer=buffer,
-            )
+        if READERS > 1 and len(order) > 1 and files[order[1]]["nbytes"] >= PACK_THRESHOLD:
+            with ThreadPoolExecutor(min(READERS, len(order))) as pool:
+                futures = {rel: pool.submit(read, rel) for rel in order}
+                try:
+                    for rel, future in futures.items():
+                        raws[rel] = future.result()
+                except BaseException:
+                    for future in futures.values():
+                        future.cancel()
+                    raise
+        else:
+            for rel in order:
+                raws[rel] = read(rel)
     finally:
         bar.close()
     if staged:
