@@ -141,7 +141,7 @@ def recover(final: Path) -> None:
         if not entry.name.startswith(prefix) or not entry.is_dir(follow_symlinks=False):
             continue
         pid = entry.name[len(prefix) :].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             shutil.rmtree(entry.path, ignore_errors=True)
 
 
@@ -234,11 +234,12 @@ def recover_in_place(final: Path, referenced: set[str]) -> None:
                 shutil.rmtree(entry.path, ignore_errors=True)
         elif entry.name.startswith(META_TMP_MARK) and entry.is_file(follow_symlinks=False):
             pid = entry.name[len(META_TMP_MARK):].split("-", 1)[0]
-            if pid.isdigit() and not _alive(int(pid)):
+            if pid.isdigit() and not alive(int(pid)):
                 os.unlink(entry.path)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (this process does; a zombie does not)."""
     if pid == os.getpid():
         return True
     try:

@@ -49,6 +49,7 @@ from gpubuf.checkpoint.format import (
     scan_directory,
     seal_meta,
 )
+from gpubuf.checkpoint.staging import Staging, staging_for
 from gpubuf.checkpoint.values import Decoder, Encoder, class_path
 from gpubuf.errors import GpubufError
 
@@ -332,25 +333,31 @@ def load_buffer(buffer: Any, path: Any) -> None:
         CheckpointMismatchError: the checkpoint's components or capacity differ from the buffer's.
     """
     final = _as_path(path)
-    meta, arrays, context = _read_typed(final, buffer, copies_storage=is_memmap(buffer._storage))
-    if meta.get("kind") != "buffer":
-        raise CheckpointMismatchError(f"{final} holds a {meta.get('kind')!r} checkpoint, not a buffer's")
-    components = require(meta, "components", dict, "meta.json")
-    _check_item_kind(buffer, components)
-    targets = {
-        "storage": (buffer._storage, storage_codec(buffer._storage)),
-        "sampler": (buffer._sampler, codec_for(buffer._sampler)),
-        "writer": (buffer._writer, codec_for(buffer._writer)),
-    }
-    applies = [_prepare(slot, components, arrays, targets[slot], context) for slot in SLOTS]
-    load_transforms, finish = _prepare_buffer(buffer, meta.get("buffer"), arrays)
-    # Transforms load their state themselves and may still refuse it: first, while nothing else
-    # has changed. Then the components (attribute swaps), then the generator, which set_rng hands
-    # to the components just swapped in.
-    load_transforms()
-    for apply in applies:
-        apply()
-    finish()
+    storage_target = (buffer._storage, storage_codec(buffer._storage))
+    stage = staging_for(*storage_target)
+    try:
+        meta, arrays, context = _read_typed(final, buffer, copies_storage=is_memmap(buffer._storage), stage=stage)
+        if meta.get("kind") != "buffer":
+            raise CheckpointMismatchError(f"{final} holds a {meta.get('kind')!r} checkpoint, not a buffer's")
+        components = require(meta, "components", dict, "meta.json")
+        _check_item_kind(buffer, components)
+        targets = {
+            "storage": storage_target,
+            "sampler": (buffer._sampler, codec_for(buffer._sampler)),
+            "writer": (buffer._writer, codec_for(buffer._writer)),
+        }
+        applies = [_prepare(slot, components, arrays, targets[slot], context) for slot in SLOTS]
+        load_transforms, finish = _prepare_buffer(buffer, meta.get("buffer"), arrays)
+        # Transforms load their state themselves and may still refuse it: first, while nothing
+        # else has changed. Then the components (attribute swaps), then the generator, which
+        # set_rng hands to the components just swapped in.
+        load_transforms()
+        for apply in applies:
+            apply()
+        finish()
+    finally:
+        if stage is not None:
+            stage.discard()
 
 
 def _check_item_kind(buffer: Any, components: dict) -> None:
@@ -372,27 +379,38 @@ def _check_item_kind(buffer: Any, components: dict) -> None:
 def load_storage(storage: Any, path: Any, *, checkpointer: Codec | None = None) -> None:
     """Restores ``storage`` from a storage (or buffer) checkpoint; see :func:`load_buffer`."""
     final = _as_path(path)
-    meta, arrays, context = _read_typed(final, None, copies_storage=is_memmap(storage))
     codec = checkpointer if checkpointer is not None else storage_codec(storage)
-    apply = _prepare("storage", require(meta, "components", dict, "meta.json"), arrays, (storage, codec), context)
-    apply()
+    stage = staging_for(storage, codec)
+    try:
+        meta, arrays, context = _read_typed(final, None, copies_storage=is_memmap(storage), stage=stage)
+        apply = _prepare("storage", require(meta, "components", dict, "meta.json"), arrays, (storage, codec), context)
+        apply()
+    finally:
+        if stage is not None:
+            stage.discard()
 
 
-def _read_typed(final: Path, buffer: Any, *, copies_storage: bool = False) -> tuple[dict, dict, Context]:
+def _read_typed(
+    final: Path, buffer: Any, *, copies_storage: bool = False, stage: Staging | None = None
+) -> tuple[dict, dict, Context]:
     """:func:`_read`, with the file system's own errors as :class:`CheckpointIOError`."""
     try:
-        return _read(final, buffer, copies_storage=copies_storage)
+        return _read(final, buffer, copies_storage=copies_storage, stage=stage)
     except OSError as err:
         if isinstance(err, GpubufError):
             raise
         raise CheckpointIOError(err.errno, f"cannot read the checkpoint at {final}: {err.strerror or err}", err.filename) from err
 
 
-def _read(final: Path, buffer: Any, *, copies_storage: bool = False) -> tuple[dict, dict, Context]:
+def _read(
+    final: Path, buffer: Any, *, copies_storage: bool = False, stage: Staging | None = None
+) -> tuple[dict, dict, Context]:
     """Parses and checks ``meta.json`` and reads and verifies every file.
 
     ``copies_storage``: the target storage copies the storage arrays into its own files (a
     memory-mapped storage), so they are verified through mappings instead of read into memory.
+    ``stage``: an empty memory-mapped target, which takes verified copies of its files instead
+    (see :mod:`~gpubuf.checkpoint.staging`); it is handed to the codecs in the context.
     """
     check_host()
     atomic.recover(final)
@@ -400,7 +418,7 @@ def _read(final: Path, buffer: Any, *, copies_storage: bool = False) -> tuple[di
         atomic.recover_in_place(final, _referenced(final))
     if not final.is_dir():
         raise NotACheckpointError(f"{final} is not a directory" if final.exists() else f"{final} does not exist")
-    context = Context(buffer=buffer, target=final)
+    context = Context(buffer=buffer, target=final, staging=stage)
     if not (final / META_FILE).exists() and not (final / META_FILE).is_symlink():
 
         if torchrl_import.is_torchrl_checkpoint(final):
@@ -414,7 +432,7 @@ def _read(final: Path, buffer: Any, *, copies_storage: bool = False) -> tuple[di
     check_digest(meta, final)
     files, specs = parse_tables(meta)
     scan_directory(final, files)
-    arrays = read_arrays(final, files, specs, mapped="storage/" if copies_storage else None)
+    arrays = read_arrays(final, files, specs, mapped="storage/" if copies_storage else None, stage=stage)
     return meta, arrays, context
 
 

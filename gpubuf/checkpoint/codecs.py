@@ -64,12 +64,15 @@ class Context:
         target: the checkpoint directory (final path).
         scratch: a directory where save hooks may write temporary files (deleted after the dump).
         batch_size: the buffer's batch size, when known (TorchRL imports).
+        staging: where a load copied a memory-mapped storage's files while verifying them
+            (:class:`~gpubuf.checkpoint.staging.Staging`), or None.
     """
 
     buffer: Any = None
     target: Any = None
     scratch: Any = None
     batch_size: int | None = None
+    staging: Any = None
 
 
 class Codec:

@@ -108,7 +108,7 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
             return apply
         layout, leaves = self.decode_content(storage, state, arrays, context)
         if is_memmap(storage):
-            return self._memmap_from_checkpoint(storage, state, layout, leaves)
+            return self._memmap_from_checkpoint(storage, state, layout, leaves, context)
         leaves = [leaf.read() if isinstance(leaf, LiveArray) else leaf for leaf in leaves]
         cap0 = leaves[0].shape[0]
         for spec, leaf in zip(layout.leaves, leaves):
@@ -156,9 +156,11 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
         self._check_capacity(storage, require_int(state, "max_size", where, minimum=1), (cap0, rest))
         return cap0, length
 
-    def _memmap_from_checkpoint(self, storage: Any, state: dict, layout: Any, leaves: list) -> Apply:
+    def _memmap_from_checkpoint(self, storage: Any, state: dict, layout: Any, leaves: list, context: Context) -> Apply:
         """Loads into a ``LazyMemmapStorage``: in place when the checkpoint's live files are the
-        storage's own (nothing is copied), else by writing the rows into its files."""
+        storage's own (nothing is copied); into an empty storage by taking the verified copies
+        of its files that the load made (:mod:`~gpubuf.checkpoint.staging`); else by writing the
+        rows into its files."""
         cap0, length = self._validated(storage, state, layout, leaves)
         if storage.initialized and not _same_layout(storage._layout, layout):
             raise CheckpointMismatchError(
@@ -185,6 +187,20 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
                         storage._len = length
 
                     return apply_attach
+        stage = context.staging
+        if stage is not None and "hooked" not in state and not storage.initialized:
+            staged = [stage.arrays.get(f"{stage.prefix}leaf_{i}") for i in range(len(leaves))]
+            if any(path is not None for path in staged) and not any(isinstance(leaf, LiveArray) for leaf in leaves):
+                # The copies are the files the storage would hold: they become its own. Leaves too
+                # small for a file of their own in the checkpoint are written into new files.
+                sources = [str(path) if path is not None else leaf for path, leaf in zip(staged, leaves)]
+
+                def apply_adopt() -> None:
+                    storage._adopt_files(layout, sources, scratch_dir=stage.root())
+                    stage.adopted = True
+                    storage._len = length
+
+                return apply_adopt
         host = [leaf.read() if isinstance(leaf, LiveArray) else leaf for leaf in leaves]
         batch = torch.Size([cap0, *layout.item_batch]) if layout.kind in ("tensordict", "tensorclass") else None
         content = layout.build(host, batch if batch is not None else torch.Size([cap0]), None)

@@ -152,6 +152,20 @@ def create_file(path: str, nbytes: int, *, exclusive: bool) -> int:
     return fd
 
 
+def adopt_file(source: str, path: str, nbytes: int) -> int:
+    """Moves the complete file ``source`` (``nbytes``, on ``path``'s file system) to ``path``
+    with a rename, nothing copied, and returns an fd of it.
+
+    Raises:
+        OSError: ``source`` is not ``nbytes`` long (``EINVAL``), or the rename failed.
+    """
+    size = os.stat(source).st_size
+    if size != nbytes:
+        raise OSError(errno.EINVAL, f"{source} holds {size} bytes, {nbytes} expected", source)
+    os.replace(source, path)
+    return open_file(path)
+
+
 def open_file(path: str) -> int:
     return os.open(path, os.O_RDWR | os.O_CLOEXEC)
 

@@ -305,8 +305,49 @@ class LazyMemmapStorage(LazyTensorStorage):
             return
         self._init_private(layout)
 
-    def _init_private(self, layout: Layout) -> None:
-        """First write of a storage nobody else has opened: make the directory, state and files."""
+    def _adopt_files(
+        self, layout: Layout, sources: Sequence[str | torch.Tensor], *, scratch_dir: str | None
+    ) -> None:
+        """Initialises the empty storage from complete files, one per leaf: each is moved to its
+        leaf's path (a rename) and mapped; no row is copied.
+
+        For a checkpoint load, whose verified copies of the leaves are already the files this
+        storage would hold. The length stays 0 (the caller sets it).
+
+        Args:
+            layout: the items' layout.
+            sources: per leaf, in layout order, the path of a raw ``[capacity_dim0, *item_shape]``
+                file on the file system of the storage's directory, or a host tensor of that shape
+                (a small leaf), written into a new file.
+            scratch_dir: the directory for a storage that has none yet (made for it, and then
+                its own, removed at cleanup); ignored when it has one.
+
+        Raises:
+            StorageExistsError: the leaf files exist and ``existsok`` is False.
+            MemmapStorageError: a file has another size or cannot be moved or mapped; the storage
+                stays empty.
+        """
+        self._check_usable()
+        if self._leaves is not None or self._state.shared:
+            raise MemmapStorageError(
+                errno.EEXIST, f"the storage in {self.scratch_dir} already has files: its rows are copied into them"
+            )
+        given = self.scratch_dir is None
+        if given:
+            self.scratch_dir = scratch_dir
+            self._own_directory(scratch_dir)
+        if self._auto_device:
+            self.device = self._pending_device or _CPU
+        try:
+            self._init_private(layout, sources=list(sources))
+        except BaseException:
+            if given:
+                self._forget_directory()
+            raise
+
+    def _init_private(self, layout: Layout, *, sources: list[str | torch.Tensor] | None = None) -> None:
+        """First write of a storage nobody else has opened: make the directory, state and files
+        (or adopt ``sources`` as the files, see :meth:`_adopt_files`)."""
         cap0, rest = self._capacity_plan(layout)
         made_dir = None
         if self.scratch_dir is None:
@@ -346,7 +387,7 @@ class LazyMemmapStorage(LazyTensorStorage):
         self._state = state
         try:
             with state.lock:
-                self._create_files(layout, overwrite=self.existsok)
+                self._create_files(layout, overwrite=self.existsok, sources=sources)
                 # Counters set before the first write (e.g. a writer's loaded cursor) carry over.
                 state.cursor = local.cursor
                 state.write_count = local.write_count
@@ -369,8 +410,11 @@ class LazyMemmapStorage(LazyTensorStorage):
         elif meta_dir is not None:
             shutil.rmtree(meta_dir, ignore_errors=True)
 
-    def _create_files(self, layout: Layout, *, overwrite: bool) -> None:
-        """Creates the data files and ``layout.json``; the caller holds the state lock.
+    def _create_files(
+        self, layout: Layout, *, overwrite: bool, sources: list[str | torch.Tensor] | None = None
+    ) -> None:
+        """Creates the data files (or moves ``sources`` there) and ``layout.json``; the caller
+        holds the state lock.
 
         On any error the files created here are removed, the state says EMPTY again and the
         storage stays uninitialised; the error is raised as a typed :class:`MemmapStorageError`.
@@ -397,7 +441,7 @@ class LazyMemmapStorage(LazyTensorStorage):
         made_dirs: list[str] = []
         opened: list[_LeafFile] = []
         try:
-            for spec, path, row_bytes in plan:
+            for i, (spec, path, row_bytes) in enumerate(plan):
                 parent = os.path.dirname(path)
                 if not os.path.isdir(parent):
                     missing = parent
@@ -406,7 +450,20 @@ class LazyMemmapStorage(LazyTensorStorage):
                     os.makedirs(parent, exist_ok=True)
                     made_dirs.append(missing)
                 existed = os.path.lexists(path)
-                fd = files.create_file(path, cap0 * row_bytes, exclusive=not overwrite)
+                source = None if sources is None else sources[i]
+                if isinstance(source, str):
+                    fd = files.adopt_file(source, path, cap0 * row_bytes)
+                else:
+                    fd = files.create_file(path, cap0 * row_bytes, exclusive=not overwrite)
+                if isinstance(source, torch.Tensor):
+                    try:
+                        files.allocate_blocks(fd, 0, cap0 * row_bytes)
+                        files.write_rows(fd, 0, source.contiguous())
+                    except BaseException:
+                        os.close(fd)
+                        if not existed:
+                            _remove(path)
+                        raise
                 if not existed:
                     created.append(path)
                 opened.append(_LeafFile(path, fd, row_bytes))
@@ -417,7 +474,8 @@ class LazyMemmapStorage(LazyTensorStorage):
                 root,
                 files.describe(layout, max_size=self.max_size, ndim=self.ndim, capacity_dim0=cap0, rest_shape=rest),
             )
-            state.alloc_rows = 0
+            # Adopted or written files were written whole: every row has its blocks.
+            state.alloc_rows = 0 if sources is None else cap0
             pending = self.__dict__.get("_pending_rows")
             if pending is not None:
                 # The set() that triggered the creation writes these rows next: a full disk

@@ -61,9 +61,16 @@ def ckpt(tmp_path):
 
 
 def _target(kind: str, tmp_path: Path) -> TensorDictReplayBuffer:
-    rb = _buffer(kind, tmp_path / "target-files", 7)
-    rb.extend(_rows(9, 5))
+    """``"memmap-empty"``: a memory-mapped storage without files yet, which takes verified copies
+    of the checkpoint's files as its own; the other targets hold rows already."""
+    rb = _buffer(kind.removesuffix("-empty"), tmp_path / "target-files", 7)
+    if not kind.endswith("-empty"):
+        rb.extend(_rows(9, 5))
     return rb
+
+
+def _left_in(directory: Path) -> list[str]:
+    return sorted(p.relative_to(directory).as_posix() for p in directory.rglob("*")) if directory.exists() else []
 
 
 def test_files_record_the_xxh3_of_their_bytes(ckpt):
@@ -78,7 +85,7 @@ def test_files_record_the_xxh3_of_their_bytes(ckpt):
         assert "crc32" not in entry
 
 
-@pytest.mark.parametrize("kind", ["tensor", "memmap"])
+@pytest.mark.parametrize("kind", ["tensor", "memmap", "memmap-empty"])
 def test_round_trip(ckpt, tmp_path, kind):
     path, saved = ckpt
     rb = _target(kind, tmp_path)
@@ -86,7 +93,7 @@ def test_round_trip(ckpt, tmp_path, kind):
     assert_same(_state(rb), _state(saved), "the loaded buffer")
 
 
-@pytest.mark.parametrize("kind", ["tensor", "memmap"])
+@pytest.mark.parametrize("kind", ["tensor", "memmap", "memmap-empty"])
 @pytest.mark.parametrize("where", ["first", "middle", "last"])
 def test_a_flipped_byte_is_detected_and_the_target_left_unchanged(ckpt, tmp_path, kind, where):
     path, _ = ckpt
@@ -97,13 +104,15 @@ def test_a_flipped_byte_is_detected_and_the_target_left_unchanged(ckpt, tmp_path
     data[at] ^= 0x01
     victim.write_bytes(bytes(data))
     rb = _target(kind, tmp_path)
-    before = snapshot(rb)
+    before, files_before = snapshot(rb), _left_in(tmp_path / "target-files")
     with pytest.raises(CheckpointCorruptError, match="checksum"):
         rb.loads(path)
     assert_same(snapshot(rb), before, "the buffer after a refused load")
+    # An empty memory-mapped target: the copies made while verifying are gone with the load.
+    assert _left_in(tmp_path / "target-files") == files_before
 
 
-@pytest.mark.parametrize("kind", ["tensor", "memmap"])
+@pytest.mark.parametrize("kind", ["tensor", "memmap", "memmap-empty"])
 def test_a_truncated_file_is_detected(ckpt, tmp_path, kind):
     path, _ = ckpt
     files = _meta(path)["files"]

@@ -10,7 +10,9 @@ library freed before the other starts (64M rows of 48 B are 3 GB per library):
 - ``memmap``: the same through ``LazyMemmapStorage(N)`` in a scratch directory;
 - ``checkpoint``: ``dumps`` of the memory-mapped buffer to a new directory and ``loads`` into a
   new memory-mapped buffer (a round trip, checked row for row on a sample of rows), and the
-  same for the in-memory storage up to ``--ckpt-tensor-max`` rows;
+  same for the in-memory storage up to ``--ckpt-tensor-max`` rows. Each library's filled
+  buffers are kept until both libraries have theirs, then the round trips run interleaved, one
+  of each library in turn (see :func:`_round_trips`);
 - ``prioritized``: a ``TensorDictPrioritizedReplayBuffer`` filled the same way, then
   ``update_priority`` of B items and the cycle (sample B with weights, update B).
 
@@ -164,8 +166,28 @@ def _check_round_trip(saved: Any, loaded: Any, n: int) -> None:
             raise AssertionError(f"rows of {key!r} differ after the round trip")
 
 
-def _run_library(lib: _Library, n: int, config: ScaleConfig, chunk: TensorDict, scratch: Path, out: dict) -> None:
-    """Runs every workload of ``config`` at ``n`` rows for one library; records into ``out``."""
+@dataclass
+class _Trip:
+    """A buffer whose checkpoint round trips are still to be timed, and what they need."""
+
+    lib: _Library
+    rb: Any
+    storage: str
+    scratch: Path
+    fresh: Callable[[], Any]
+    after_each: Callable[[], None] = lambda: None
+    at_end: Callable[[], None] = lambda: None
+    dumps: list = field(default_factory=list)
+    loads: list = field(default_factory=list)
+
+
+def _run_library(
+    lib: _Library, n: int, config: ScaleConfig, chunk: TensorDict, scratch: Path, out: dict, trips: list[_Trip]
+) -> None:
+    """Runs every workload of ``config`` at ``n`` rows for one library; records into ``out``.
+
+    The buffers to checkpoint go to ``trips``, kept alive: their round trips are timed once every
+    library has its own (:func:`_round_trips`)."""
     batch = min(config.batch, n)
     wrap = f"extend {format_rows(chunk.batch_size[0])} into full"
 
@@ -181,7 +203,7 @@ def _run_library(lib: _Library, n: int, config: ScaleConfig, chunk: TensorDict, 
         record("fill", wrap, _timed(lambda: rb.extend(chunk)))
         record("fill", f"sample {batch}", _median(lambda: rb.sample(batch), config.repeat))
         if "checkpoint" in config.workloads and n <= config.ckpt_tensor_max:
-            _round_trip(lib, rb, n, "tensor", scratch, record, lambda: lib.tensor_buffer(n), config)
+            trips.append(_Trip(lib, rb, "tensor", scratch, lambda: lib.tensor_buffer(n)))
         del rb
         _free()
     if "memmap" in config.workloads or "checkpoint" in config.workloads:
@@ -192,11 +214,13 @@ def _run_library(lib: _Library, n: int, config: ScaleConfig, chunk: TensorDict, 
         record("memmap", f"sample {batch}", _median(lambda: rb.sample(batch), config.repeat))
         if "checkpoint" in config.workloads:
             other = scratch / f"{lib.name}-loaded"
-            _round_trip(lib, rb, n, "memmap", scratch, record, lambda: lib.memmap_buffer(n, str(other)), config,
-                        cleanup=lambda: shutil.rmtree(other, ignore_errors=True))
+            trips.append(_Trip(lib, rb, "memmap", scratch, lambda: lib.memmap_buffer(n, str(other)),
+                               after_each=lambda: shutil.rmtree(other, ignore_errors=True),
+                               at_end=lambda: shutil.rmtree(files, ignore_errors=True)))
+        else:
+            shutil.rmtree(files, ignore_errors=True)
         del rb
         _free()
-        shutil.rmtree(files, ignore_errors=True)
     if "prioritized" in config.workloads and n <= config.prioritized_max:
         rb = lib.tensor_buffer(n, prioritized=True)
         record("prioritized", "fill", _timed(lambda: _fill(rb, n, chunk)))
@@ -214,36 +238,38 @@ def _run_library(lib: _Library, n: int, config: ScaleConfig, chunk: TensorDict, 
         _free()
 
 
-def _round_trip(
-    lib: _Library,
-    rb: Any,
-    n: int,
-    storage: str,
-    scratch: Path,
-    record: Callable,
-    fresh: Callable,
-    config: ScaleConfig,
-    cleanup: Callable[[], None] = lambda: None,
-) -> None:
-    sync, repeat = config.sync, config.ckpt_repeat
-    dumps, loads = [], []
-    for _ in range(repeat):
-        path = scratch / f"{lib.name}-ckpt-{storage}"
-        shutil.rmtree(path, ignore_errors=True)
-        if sync:
-            os.sync()
-        dumps.append(_timed(lambda: rb.dumps(str(path))))
-        target = fresh()
-        if sync:
-            os.sync()
-        loads.append(_timed(lambda: target.loads(str(path))))
-        _check_round_trip(rb, target, n)
-        del target
-        _free()
-        shutil.rmtree(path, ignore_errors=True)
-        cleanup()
-    record(f"checkpoint {storage}", "dumps", statistics.median(dumps))
-    record(f"checkpoint {storage}", "loads", statistics.median(loads))
+def _round_trips(trips: list[_Trip], n: int, config: ScaleConfig, out: dict) -> None:
+    """Times the checkpoint round trips of every library's buffers, interleaved: round ``r`` runs
+    one round trip of each library in turn (the order alternating from round to round), so that
+    both meet the same state of the machine (its page cache, the disk's other writers); medians of
+    ``config.ckpt_repeat`` rounds are recorded. Each round trip dumps to a new directory and loads
+    into a new buffer, checked row for row on a spread of rows."""
+    for storage in ("tensor", "memmap"):
+        group = [trip for trip in trips if trip.storage == storage]
+        for r in range(config.ckpt_repeat):
+            for trip in group if r % 2 == 0 else group[::-1]:
+                path = trip.scratch / f"{trip.lib.name}-ckpt-{storage}"
+                shutil.rmtree(path, ignore_errors=True)
+                if config.sync:
+                    os.sync()
+                with quiet_logs():
+                    trip.dumps.append(_timed(lambda: trip.rb.dumps(str(path))))
+                    target = trip.fresh()
+                    if config.sync:
+                        os.sync()
+                    trip.loads.append(_timed(lambda: target.loads(str(path))))
+                _check_round_trip(trip.rb, target, n)
+                del target
+                _free()
+                shutil.rmtree(path, ignore_errors=True)
+                trip.after_each()
+        for trip in group:
+            for op, times in (("dumps", trip.dumps), ("loads", trip.loads)):
+                measure = out.setdefault((f"checkpoint {storage}", op), Measure(f"checkpoint {storage}", op, n))
+                measure.seconds[trip.lib.name] = statistics.median(times)
+            trip.rb = None
+            _free()
+            trip.at_end()
 
 
 def run_scale(
@@ -268,19 +294,28 @@ def run_scale(
     for step, n in enumerate(sizes):
         out: dict = {}
         order = libraries if step % 2 == 0 else libraries[::-1]
-        for lib in order:
-            scratch = Path(tempfile.mkdtemp(prefix="gpubuf-scale-", dir=base))
-            try:
+        scratches: list[Path] = []
+        trips: list[_Trip] = []
+        try:
+            for lib in order:
+                scratch = Path(tempfile.mkdtemp(prefix="gpubuf-scale-", dir=base))
+                scratches.append(scratch)
                 progress(f"N = {format_rows(n)}: {lib.name}")
                 with quiet_logs():
                     run_config = config
                     if n not in config.sizes:  # past the in-memory sweep: the memory-mapped storage only
                         run_config = ScaleConfig(**{**config.__dict__, "workloads": tuple(
                             w for w in config.workloads if w in ("memmap", "checkpoint"))})
-                    _run_library(lib, n, run_config, chunk, scratch, out)
-            finally:
-                shutil.rmtree(scratch, ignore_errors=True)
+                    _run_library(lib, n, run_config, chunk, scratch, out, trips)
                 _free()
+            if trips:
+                progress(f"N = {format_rows(n)}: checkpoint round trips, libraries interleaved")
+                _round_trips(trips, n, config, out)
+        finally:
+            trips.clear()
+            _free()
+            for scratch in scratches:
+                shutil.rmtree(scratch, ignore_errors=True)
         measures.extend(out.values())
         progress(format_table_rows([m for m in out.values()]))
         if partial is not None:
