@@ -15,7 +15,7 @@ from gpubuf.samplers.ensemble import SamplerEnsemble
 from gpubuf.storages.ensemble import StorageEnsemble
 from gpubuf.storages.list import ListStorage
 from gpubuf.writers.ensemble import WriterEnsemble
-from gpubuf.errors import ImmutableStorageError
+from gpubuf.errors import ArgumentConflictError, ComponentTypeError, ImmutableStorageError
 
 __all__ = ["ReplayBufferEnsemble"]
 
@@ -57,7 +57,10 @@ class ReplayBufferEnsemble(ReplayBuffer):
         **kwargs: passed to :class:`ReplayBuffer`.
 
     Raises:
-        RuntimeError: both ``rbs`` and components, or ``p`` with ``sample_from_all``.
+        ArgumentConflictError: both ``rbs`` and components, neither, components of different
+            lengths, ``p`` with ``sample_from_all``, ``routing_key`` with ``routing_dim`` (a
+            ``RuntimeError`` and a ``ValueError``).
+        ComponentTypeError: a member that is not a buffer, components of the wrong kind.
 
     Examples:
         >>> rb0 = ReplayBuffer(storage=LazyTensorStorage(10))
@@ -88,14 +91,17 @@ class ReplayBufferEnsemble(ReplayBuffer):
         **kwargs: Any,
     ) -> None:
         if routing_key is not None and routing_dim is not None:
-            raise ValueError("routing_key and routing_dim are mutually exclusive.")
+            raise ArgumentConflictError("routing_key and routing_dim are mutually exclusive.")
         if routing_dim is not None and (isinstance(routing_dim, bool) or not isinstance(routing_dim, int)):
-            raise TypeError("routing_dim must be an integer.")
+            raise ComponentTypeError("routing_dim must be an integer.")
+        for i, rb in enumerate(rbs):
+            if not isinstance(rb, ReplayBuffer):
+                raise ComponentTypeError(f"ReplayBufferEnsemble member #{i} is a {type(rb).__name__}: expected a replay buffer")
         self.routing_key = unravel_key(routing_key) if routing_key is not None else None
         self.routing_dim = routing_dim
         if rbs:
             if storages is not None or samplers is not None or writers is not None:
-                raise RuntimeError("pass either replay buffers or storages/samplers/writers, not both")
+                raise ArgumentConflictError("pass either replay buffers or storages/samplers/writers, not both")
             storages = StorageEnsemble(*[rb._storage for rb in rbs], transforms=[rb._transform for rb in rbs])
             samplers = SamplerEnsemble(
                 *[rb._sampler for rb in rbs], p=p, sample_from_all=sample_from_all, num_buffer_sampled=num_buffer_sampled
@@ -105,7 +111,18 @@ class ReplayBufferEnsemble(ReplayBuffer):
                 collate_fns = [rb._collate_fn for rb in rbs]
         else:
             if storages is None or samplers is None or writers is None:
-                raise RuntimeError("an ensemble needs replay buffers, or storages, samplers and writers")
+                raise ArgumentConflictError("an ensemble needs replay buffers, or storages, samplers and writers")
+            if not isinstance(storages, StorageEnsemble) or not isinstance(samplers, SamplerEnsemble) or not isinstance(
+                writers, WriterEnsemble
+            ):
+                raise ComponentTypeError(
+                    "storages, samplers and writers must be a StorageEnsemble, a SamplerEnsemble and a WriterEnsemble"
+                )
+            if not len(storages._storages) == len(samplers._samplers) == len(writers._writers):
+                raise ArgumentConflictError(
+                    f"{len(storages._storages)} storages, {len(samplers._samplers)} samplers and {len(writers._writers)} "
+                    "writers: expected one of each per member"
+                )
             if collate_fns is None:
                 collate_fns = [_default_collate(storage) for storage in storages._storages]
             transforms = storages._transforms or [None] * len(storages._storages)

@@ -177,6 +177,10 @@ class SliceSampler(Sampler):
                 raise SliceArgumentError("To be used, `ends` or `trajectories` requires `cache_values` to be set to `True`.")
             if not isinstance(static, torch.Tensor) or static.ndim != 1 or static.numel() == 0:
                 raise SliceArgumentError("`ends` and `trajectories` must be non-empty 1-D tensors")
+            if static.dtype.is_floating_point or static.dtype.is_complex or (static is ends and static.dtype != torch.bool):
+                raise SliceArgumentError(
+                    f"`ends` must be a bool tensor and `trajectories` an integer one, got {static.dtype}"
+                )
         self.span = _span(span)
         self.num_slices = num_slices
         self.slice_len = slice_len

@@ -28,6 +28,7 @@ from gpubuf.errors import (
     DeviceMismatchError,
     EmptyBufferError,
     IndexOutOfRangeError,
+    InvalidArgumentError,
     SchemaMismatchError,
 )
 from gpubuf.ops.decode_rows import decode_rows
@@ -38,6 +39,19 @@ from gpubuf.storages.items import as_device, is_int, leading_size, stack_items
 __all__ = ["CompressedTensorStorage", "EncodedStorageBase"]
 
 _ENCODE_CHUNK_BYTES = 1 << 22  # input bytes per encode call, to bound temporaries
+
+
+def keys_argument(keys: Any, what: str) -> list:
+    """``keys`` (a list or tuple of keys, each a str or a tuple of str) as a list.
+
+    Raises:
+        InvalidArgumentError: anything else (a ``ValueError``).
+    """
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, (list, tuple)) or not all(
+        isinstance(k, str) or (isinstance(k, tuple) and all(isinstance(part, str) for part in k)) for k in keys
+    ):
+        raise InvalidArgumentError(f"{what} must be a list of keys (each a str or a tuple of str), got {keys!r}")
+    return list(keys)
 
 
 def _norm_key(key: Any) -> tuple:
@@ -408,8 +422,10 @@ class CompressedTensorStorage(EncodedStorageBase):
         verify: bool = True,
         compilable: bool = False,
     ) -> None:
+        if isinstance(min_row_bytes, bool) or not is_int(min_row_bytes) or int(min_row_bytes) < 0:
+            raise InvalidArgumentError(f"min_row_bytes must be an int >= 0, got {min_row_bytes!r}")
         super().__init__(max_size, device=device, verify=verify, compilable=compilable)
-        self.compress_keys = None if compress_keys is None else [_norm_key(k) for k in compress_keys]
+        self.compress_keys = None if compress_keys is None else [_norm_key(k) for k in keys_argument(compress_keys, "compress_keys")]
         self.min_row_bytes = int(min_row_bytes)
         self._stores: list[RowStore] = []
 

@@ -47,9 +47,11 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from gpubuf.errors import (
+    ComponentTypeError,
     CorruptRowError,
     DTypeMismatchError,
     IndexOutOfRangeError,
+    InvalidArgumentError,
     InvalidIndexError,
     SchemaMismatchError,
     StateDictError,
@@ -126,6 +128,7 @@ class CompressedListStorage(ListStorage):
         device: torch.device | str = "cpu",
         compilable: bool = False,
     ) -> None:
+        _check_compression(compression_level, compression_fn, decompression_fn)
         super().__init__(max_size, compilable=compilable, device=device)
         self.compression_level = compression_level
         self.compression_fn = self._default_compression_fn if compression_fn is None else compression_fn
@@ -657,6 +660,22 @@ class CompressedListStorage(ListStorage):
             f"{type(self).__name__}(items={len(self)}, max_size={self.max_size}, "
             f"compression_level={self.compression_level}, mode={self.mode})"
         )
+
+
+def _check_compression(level: Any, compression_fn: Any, decompression_fn: Any) -> None:
+    """Refuses at construction what the first write would: a level the default codec does not
+    take (zlib's -1 to 9; zstd's -131072 to 22), functions that are not callable.
+
+    Raises:
+        InvalidArgumentError: the level (a ``ValueError``).
+        ComponentTypeError: a function that is not callable (a ``TypeError``).
+    """
+    low, high = (-131072, 22) if sys.version_info >= (3, 14) else (-1, 9)
+    if not is_int(level) or not low <= int(level) <= high:
+        raise InvalidArgumentError(f"compression_level must be an int in [{low}, {high}], got {level!r}")
+    for name, fn in (("compression_fn", compression_fn), ("decompression_fn", decompression_fn)):
+        if fn is not None and not callable(fn):
+            raise ComponentTypeError(f"{name} must be callable or None, got {type(fn).__name__}")
 
 
 def _unbound(data: Any) -> list:

@@ -31,11 +31,11 @@ from gpubuf.ops.encode_rows import encode_planes_at
 from gpubuf.codec.format import RowGeometry
 from gpubuf.ops.match_frames import match_frames
 from gpubuf.storages._row_store import RowStore
-from gpubuf.errors import SchemaMismatchError
+from gpubuf.errors import InvalidArgumentError, SchemaMismatchError
 from gpubuf.ops._dispatch import kernel_module, resolve
 from gpubuf.ops.decode_rows import decode_rows, empty_output
 from gpubuf.storages._layout import Layout
-from gpubuf.storages.codec_storage import EncodedStorageBase, _norm_key, encode_rows, load_store_state, store_state
+from gpubuf.storages.codec_storage import EncodedStorageBase, _norm_key, encode_rows, keys_argument, load_store_state, store_state
 
 __all__ = ["FrameStackStorage"]
 
@@ -118,8 +118,8 @@ class FrameStackStorage(EncodedStorageBase):
     ) -> None:
         super().__init__(max_size, device=device, verify=verify, compilable=compilable)
         if isinstance(key_interval, bool) or not isinstance(key_interval, int) or key_interval < 1:
-            raise ValueError(f"key_interval must be a positive int, got {key_interval!r}")
-        self.stack_keys = None if stack_keys is None else [_norm_key(k) for k in stack_keys]
+            raise InvalidArgumentError(f"key_interval must be a positive int, got {key_interval!r}")
+        self.stack_keys = None if stack_keys is None else [_norm_key(k) for k in keys_argument(stack_keys, "stack_keys")]
         self.key_interval = key_interval
         self._tail: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (slot, frame ids [J, S], bytes [J, S, FB])
         self._scratch: list[torch.Tensor] | None = None  # reused copies of the batch for matching

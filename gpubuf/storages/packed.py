@@ -30,7 +30,7 @@ import torch
 from gpubuf.errors import EmptyBufferError, IndexOutOfRangeError, SchemaMismatchError
 from gpubuf.ops.gather_packed import gather_packed_trusted
 from gpubuf.storages._ragged import Columns, RaggedSchema, item_count, jagged_many
-from gpubuf.storages.base import Storage, check_max_size
+from gpubuf.storages.base import Storage, check_device, check_max_size
 from gpubuf.storages.items import is_int
 
 __all__ = ["PackedStorage"]
@@ -101,7 +101,7 @@ class PackedStorage(Storage):
 
     def __init__(self, max_size: int | None = None, *, device: Any = None, compilable: bool = False) -> None:
         super().__init__(_UNBOUNDED if max_size is None else check_max_size(max_size), compilable=compilable)
-        self.device = None if device in (None, "auto") else torch.device(device)
+        self.device = None if device in (None, "auto") else check_device(device)
         self._schema: RaggedSchema | None = None
         self._groups: list[_Group] = []
         self._objects: list[list] = []

@@ -23,11 +23,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from gpubuf.errors import DeviceMismatchError, EmptyBufferError, IndexOutOfRangeError
+from gpubuf.errors import DeviceMismatchError, EmptyBufferError, IndexOutOfRangeError, InvalidArgumentError
 from gpubuf.ops.gather_rows import gather_rows_trusted
 from gpubuf.storages._layout import Layout
 from gpubuf.storages._memmap_files import ram_available
-from gpubuf.storages.base import Storage, check_max_size
+from gpubuf.storages.base import Storage, check_device, check_max_size
 from gpubuf.storages.memmap import LazyMemmapStorage
 from gpubuf.storages.items import is_int, leading_size, stack_items
 
@@ -73,8 +73,8 @@ class SpillStorage(Storage):
 
     Raises:
         CapacityError: ``max_size`` is not a positive int.
-        ValueError: a negative ``device_budget``.
-        DeviceMismatchError: a CUDA device on a machine without CUDA.
+        InvalidArgumentError: a ``device_budget`` that is not an int >= 0 (a ``ValueError``).
+        InvalidDeviceError: a malformed device, or a CUDA device on a machine without CUDA.
 
     Examples:
         >>> storage = SpillStorage(1_000, device="cpu", device_budget=100 * 16)
@@ -100,12 +100,10 @@ class SpillStorage(Storage):
         super().__init__(check_max_size(max_size), compilable=compilable)
         if device_budget is not None:
             if isinstance(device_budget, bool) or not isinstance(device_budget, (int, np.integer)) or device_budget < 0:
-                raise ValueError(f"device_budget must be a number of bytes >= 0, got {device_budget!r}")
+                raise InvalidArgumentError(f"device_budget must be a number of bytes >= 0 (an int), got {device_budget!r}")
             device_budget = int(device_budget)
-        device = _default_device() if device in (None, "auto") else torch.device(device)
+        device = _default_device() if device in (None, "auto") else check_device(device, "SpillStorage's device")
         if device.type == "cuda":
-            if not torch.cuda.is_available():
-                raise DeviceMismatchError(f"SpillStorage's device is {device} but CUDA is not available here")
             if device.index is None:
                 device = torch.device("cuda", torch.cuda.current_device())
         self.device = device

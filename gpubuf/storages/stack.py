@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase, is_tensorclass, lazy_stack
 
-from gpubuf.errors import SchemaMismatchError, UnsupportedDataError
+from gpubuf.errors import InvalidArgumentError, SchemaMismatchError, UnsupportedDataError
 from gpubuf.storages._layout import is_tensor_collection
 from gpubuf.storages.list import ListStorage
 from gpubuf.storages.packed import PackedStorage
@@ -61,7 +61,8 @@ class LazyStackStorage(ListStorage):
 
     Raises:
         CapacityError: ``max_size`` is not a positive int.
-        ValueError: ``densify=True`` with a ``stack_dim`` other than 0 or -1.
+        InvalidArgumentError: ``stack_dim`` not an int, or ``densify=True`` with a ``stack_dim``
+            other than 0 or -1 (a ``ValueError``).
 
     Examples:
         >>> rb = ReplayBuffer(storage=LazyStackStorage(max_size=1000, stack_dim=-1))
@@ -79,13 +80,15 @@ class LazyStackStorage(ListStorage):
         device: Any = None,
         densify: bool = False,
     ) -> None:
+        if isinstance(stack_dim, bool) or not isinstance(stack_dim, int):
+            raise InvalidArgumentError(f"stack_dim must be an int, got {stack_dim!r}")
         super().__init__(max_size=max_size, compilable=compilable, device=device)
         self.stack_dim = stack_dim
         self.densify = bool(densify)
         self._packed: PackedStorage | None = None
         if self.densify:
             if stack_dim not in (0, -1):
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"densify=True stacks items of an empty batch size along dim 0; stack_dim={stack_dim} cannot apply"
                 )
             self._packed = PackedStorage(None if max_size is None else self.max_size, device=device, compilable=compilable)
