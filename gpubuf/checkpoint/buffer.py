@@ -342,8 +342,10 @@ def load_buffer(buffer: Any, path: Any) -> None:
         "sampler": (buffer._sampler, codec_for(buffer._sampler)),
         "writer": (buffer._writer, codec_for(buffer._writer)),
     }
-    applies = [_prepare(slot, components, arrays, targets[slot], context) for slot in SLOTS]
+    # The buffer's own part is checked before the components are prepared: the generic codec prepares a
+    # shallow copy of its component, which shares the objects the component holds.
     load_transforms, finish = _prepare_buffer(buffer, meta.get("buffer"), arrays)
+    applies = [_prepare(slot, components, arrays, targets[slot], context) for slot in SLOTS]
     # Transforms load their state themselves and may still refuse it: first, while nothing else
     # has changed. Then the components (attribute swaps), then the generator, which set_rng hands
     # to the components just swapped in.

@@ -163,7 +163,7 @@ def check_consistent(rb: Any, config: "Config", *, loaded: bool = False) -> None
     before = len(rb)
     try:
         index = rb.extend(data)
-    except (gpubuf.errors.SchemaMismatchError, gpubuf.errors.UnsupportedDataError) as err:
+    except (gpubuf.errors.SchemaMismatchError, gpubuf.errors.DTypeMismatchError, gpubuf.errors.UnsupportedDataError) as err:
         if loaded:
             assert len(rb) == before, "a refused write changed the length"
             return
