@@ -223,6 +223,8 @@ class CompressedListStorage(ListStorage):
         return tensor.to(metadata["device"])
 
     def _compress_item(self, item: Any) -> tuple[Any, dict]:
+        if item is None:  # a None slot is an empty one here: it cannot be an item
+            raise UnsupportedDataError("None cannot be stored as an item: expected a tensor, TensorDict or other object")
         if isinstance(item, torch.Tensor):
             metadata = {"type": "tensor", "shape": item.shape, "dtype": item.dtype, "device": item.device}
             return self.compression_fn(item), metadata
@@ -366,7 +368,7 @@ class CompressedListStorage(ListStorage):
             if not (isinstance(data, torch.Tensor) or isinstance(data, TensorDictBase)):
                 raise UnsupportedDataError(f"a {type(data).__name__} is not a batch of this storage's rows")
             if len(data) != len(positions):
-                raise ValueError(f"got {len(data)} items for {len(positions)} indices")
+                raise SchemaMismatchError(f"got {len(data)} items for {len(positions)} indices: expected one item per index")
         if not positions:
             return
         grown = size
@@ -564,9 +566,17 @@ class CompressedListStorage(ListStorage):
                 "a metadata dict per item"
             )
         # Copies, so that the storage never shares memory with the caller's objects.
+        storage = [e.clone() if isinstance(e, torch.Tensor) else e for e in items]
+        metadata = deepcopy(list(metadata))
+        for i, (compressed, meta) in enumerate(zip(storage, metadata)):
+            try:  # every item decompresses: an edited state is refused now, not at a later read
+                self._decompress_item(compressed, meta)
+            except Exception as err:  # noqa: BLE001 - a compression function may raise anything
+                raise StateDictError(
+                    f"storage state: item {i} does not decompress with its metadata ({type(err).__name__}: {err})"
+                ) from None
         self._rows = None
-        self._storage = [e.clone() if isinstance(e, torch.Tensor) else e for e in state_dict["_storage"]]
-        self._metadata = deepcopy(state_dict["_metadata"])
+        self._storage, self._metadata = storage, metadata
 
     def rows_state(self) -> dict[str, Any] | None:
         """Rows mode's own state (for checkpoints), or None on the item path.
@@ -590,17 +600,27 @@ class CompressedListStorage(ListStorage):
         Raises:
             SchemaMismatchError: the state does not fit this storage (another capacity or layout).
         """
+        if not isinstance(state, dict) or not all(k in state for k in ("stack_keys", "key_interval", "len", "rows")):
+            raise StateDictKeyError("rows state: expected the keys stack_keys, key_interval, len and rows")
+        length, saved = state["len"], state["rows"]
+        if not is_int(length) or not 0 <= int(length) <= self.max_size:
+            raise StateDictError(f"rows state: len must be an int in [0, {self.max_size}], got {length!r}")
+        if not isinstance(saved, dict) or saved.get("_len") != int(length):
+            raise StateDictError(f"rows state: the rows hold {saved.get('_len') if isinstance(saved, dict) else None!r} rows, len says {length}")
         device = "cpu" if self.device is None else self.device
-        rows = _FrameRows(
-            self.max_size, stack_keys=[tuple(k) for k in state["stack_keys"]], key_interval=int(state["key_interval"]),
-            device=device,
-        )
-        saved = state["rows"]
-        refs = saved.get("encoded", {}).get("refs")
-        if refs is not None and refs.shape[1] != self.max_size:
-            raise SchemaMismatchError(f"the saved rows are for max_size={refs.shape[1]}, this storage has {self.max_size}")
-        rows.load_state_dict(saved)
-        rows._len = int(state["len"])
+        try:
+            rows = _FrameRows(
+                self.max_size, stack_keys=[tuple(k) for k in state["stack_keys"]], key_interval=state["key_interval"],
+                device=device,
+            )
+        except (TypeError, ValueError) as err:
+            raise StateDictError(f"rows state: {err}") from None
+        encoded = saved.get("encoded")
+        refs = encoded.get("refs") if isinstance(encoded, dict) else None
+        if isinstance(refs, torch.Tensor) and (refs.ndim < 2 or refs.shape[1] != self.max_size):
+            raise SchemaMismatchError(f"the saved rows are for another max_size than this storage's {self.max_size}")
+        rows.load_state_dict(saved)  # checked whole, every row read back
+        rows._len = int(length)
         self._rows = rows
         self._storage, self._metadata = [], []
 

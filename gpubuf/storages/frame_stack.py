@@ -31,10 +31,11 @@ from gpubuf.ops.encode_rows import encode_planes_at
 from gpubuf.codec.format import RowGeometry
 from gpubuf.ops.match_frames import match_frames
 from gpubuf.storages._row_store import RowStore
-from gpubuf.errors import InvalidArgumentError, SchemaMismatchError
+from gpubuf.errors import InvalidArgumentError, SchemaMismatchError, StateDictError
 from gpubuf.ops._dispatch import kernel_module, resolve
 from gpubuf.ops.decode_rows import decode_rows, empty_output
 from gpubuf.storages._layout import Layout
+from gpubuf.storages.items import is_int
 from gpubuf.storages.codec_storage import EncodedStorageBase, _norm_key, encode_rows, keys_argument, load_store_state, store_state
 
 __all__ = ["FrameStackStorage"]
@@ -390,8 +391,17 @@ class FrameStackStorage(EncodedStorageBase):
         }
 
     def _load_encoded_state(self, state: dict[str, Any]) -> None:
+        n, refs, age = state["n_frames"], state["refs"], state["age"]
+        if not is_int(n) or not 0 <= int(n) <= self._frames.rows:
+            raise StateDictError(f"frame state: n_frames must be an int in [0, {self._frames.rows}], got {n!r}")
+        if not isinstance(refs, torch.Tensor) or refs.shape != self._refs.shape or refs.dtype.is_floating_point:
+            raise StateDictError(f"frame state: refs must be an integer tensor of shape {list(self._refs.shape)}")
+        if not isinstance(age, torch.Tensor) or age.shape != (int(n),):
+            raise StateDictError(f"frame state: age must be a tensor of {int(n)} entries")
+        if refs.numel() and int(refs.max()) >= self._frames.rows:
+            raise StateDictError(f"frame state: refs name frames past the {self._frames.rows} frame slots")
         load_store_state(self._frames, state["frames"])
-        n = int(state["n_frames"])
+        n = int(n)
         self._age = torch.zeros(self._frames.rows, dtype=torch.int32, device=self._refs.device)
         self._age[:n] = state["age"].to(self._age.device)
         self._n_frames = n
