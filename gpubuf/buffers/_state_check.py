@@ -18,7 +18,7 @@ import torch
 
 from gpubuf.errors import StateDictError, StateDictKeyError
 from gpubuf.samplers.prioritized import PrioritizedSampler
-from gpubuf.storages._layout import is_tensor_collection
+from gpubuf.storages._layout import Layout, is_tensor_collection
 from gpubuf.storages.compressed import CompressedListStorage
 from gpubuf.storages.list import ListStorage
 from gpubuf.storages.memmap import LazyMemmapStorage
@@ -160,6 +160,13 @@ def _check_storage(buffer: Any, state: Any) -> _Rows:
         if isinstance(items, (list, tuple)):
             if loader is LazyStackStorage.load_state_dict:
                 _check_list_items(buffer, items, where)
+            metadata = state.get("_metadata")
+            if loader is CompressedListStorage.load_state_dict and buffer._tensordict_items and isinstance(metadata, (list, tuple)):
+                if any(not isinstance(meta, dict) or meta.get("type") != "tensordict" for meta in metadata):
+                    raise StateDictError(
+                        f"{where}: a {type(buffer).__name__} holds TensorDicts, and this state holds other items (the state "
+                        "of a buffer of another kind)"
+                    )
             return _Rows(len(items), storage.max_size)  # the storage checks the rest itself
         packed = state.get("_packed")
         if isinstance(packed, dict) and _is_int(packed.get("_len")):
@@ -167,7 +174,13 @@ def _check_storage(buffer: Any, state: Any) -> _Rows:
     if loader is PackedStorage.load_state_dict and _is_int(state.get("_len")):
         return _Rows(int(state["_len"]), storage.max_size)
     # A storage of another kind (encoded, ensembles) checks its own state; a writer's cursor
-    # still lies below its capacity.
+    # still lies below its capacity, and a TensorDict buffer's items are TensorDicts.
+    layout = state.get("_layout")
+    if buffer._tensordict_items and isinstance(layout, Layout) and layout.kind not in ("tensordict", "tensorclass"):
+        raise StateDictError(
+            f"{where}: a {type(buffer).__name__} holds TensorDicts, and this state holds {layout.kind} items (the state "
+            "of a buffer of another kind)"
+        )
     return _Rows(None, storage.max_size if storage.ndim == 1 else None)
 
 

@@ -328,8 +328,36 @@ class CompressedListStorage(ListStorage):
                 )
             size = max(size, position + 1)
         compressed = [self._compress_item(self._to_device(item)) for item in items]
+        self._check_structure(positions, [metadata for _, metadata in compressed])
         for position, (value, metadata) in zip(positions, compressed):
             self._place(position % len(self._storage) if position < 0 else position, value, metadata)
+
+    def _check_structure(self, positions: list[int], metadata: list[dict]) -> None:
+        """TensorDict items keep one structure (batch size, keys, dtypes, shapes), that of the
+        items already stored (or of the batch's first): a sample stacks them."""
+        size = len(self._storage)
+        replaced = {p + size if p < 0 else p for p in positions}
+        reference = next(
+            (m for i, m in enumerate(self._metadata) if m is not None and i not in replaced), metadata[0] if metadata else None
+        )
+        if reference is None or reference.get("type") != "tensordict":
+            return
+        expected = _structure(reference)
+        for i, meta in enumerate(metadata):
+            if _structure(meta) != expected:
+                raise SchemaMismatchError(
+                    f"item #{i} has another structure than the stored TensorDicts (batch size, keys, dtypes or shapes): "
+                    f"expected {expected}, got {_structure(meta)}"
+                )
+
+    @staticmethod
+    def _check_items_structure(metadata: list) -> None:
+        """A state's TensorDict items share one structure, as written ones do."""
+        if metadata and metadata[0].get("type") == "tensordict":
+            expected = _structure(metadata[0])
+            for i, meta in enumerate(metadata):
+                if _structure(meta) != expected:
+                    raise StateDictError(f"storage state: item {i} has another structure than item 0 (keys, dtypes, shapes)")
 
     def _place(self, cursor: int, compressed: Any, metadata: Any) -> None:
         if cursor == len(self._storage):
@@ -398,6 +426,7 @@ class CompressedListStorage(ListStorage):
         skip = max(n - cap, 0)
         # Every item is compressed before the first one is stored: a refused batch stores nothing.
         compressed = [self._compress_item(self._to_device(item)) for item in items[skip:]]
+        self._check_structure([(start + skip + k) % cap for k in range(len(compressed))], [m for _, m in compressed])
         for k, (value, metadata) in enumerate(compressed):
             cursor = (start + skip + k) % cap
             while len(self._storage) < cursor:  # the kept items fill every slot: make room for them
@@ -575,6 +604,7 @@ class CompressedListStorage(ListStorage):
                 raise StateDictError(
                     f"storage state: item {i} does not decompress with its metadata ({type(err).__name__}: {err})"
                 ) from None
+        self._check_items_structure(metadata)
         self._rows = None
         self._storage, self._metadata = storage, metadata
 
@@ -680,6 +710,16 @@ class CompressedListStorage(ListStorage):
             f"{type(self).__name__}(items={len(self)}, max_size={self.max_size}, "
             f"compression_level={self.compression_level}, mode={self.mode})"
         )
+
+
+def _structure(metadata: dict) -> tuple:
+    """What stacked items share, read from an item's metadata."""
+    if metadata.get("type") != "tensordict":
+        return (metadata.get("type"),)
+    fields = tuple(
+        sorted((str(key), f.get("type"), tuple(f.get("shape", ())), str(f.get("dtype"))) for key, f in metadata["fields"].items())
+    )
+    return ("tensordict", tuple(metadata.get("batch_size", ())), fields)
 
 
 def _check_compression(level: Any, compression_fn: Any, decompression_fn: Any) -> None:

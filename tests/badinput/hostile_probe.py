@@ -13,8 +13,10 @@ limit. Run it as a script for the table::
 
 from __future__ import annotations
 
+import atexit
 import copy
 import json
+import shutil
 import os
 import signal
 import sys
@@ -32,6 +34,9 @@ from gpubuf.errors import GpubufError
 
 CAPACITY = 8
 TIME_LIMIT_S = 20
+#: Every file the probe writes (spill tiers, checkpoints) lies under this folder, removed at exit.
+ROOT = tempfile.mkdtemp(prefix="gpubuf_probe_")
+atexit.register(shutil.rmtree, ROOT, True)
 
 
 # ---------------------------------------------------------------------- snapshots
@@ -277,7 +282,7 @@ def configs() -> list[Config]:
         cls = gpubuf.TensorDictReplayBuffer if td else gpubuf.ReplayBuffer
         return lambda: cls(storage=storage(), **kwargs)
 
-    tmp = tempfile.mkdtemp(prefix="gpubuf_probe_")
+    tmp = ROOT
     return [
         Config("lazystack_tensor", rb(lambda: gpubuf.LazyStackStorage(CAPACITY)), _tensor, td=False),
         Config("lazystack_td", rb(lambda: gpubuf.LazyStackStorage(CAPACITY), td=True), _td, td=True),
@@ -561,7 +566,7 @@ def _load_made(rb: Any, make: Callable[[], Any]) -> None:
 def _checkpoint_cases(config: Config, rb: Any) -> list[tuple[str, Callable[[Any], Any]]]:
     from gpubuf.checkpoint.format import seal_meta
 
-    root = Path(tempfile.mkdtemp(prefix="gpubuf_probe_ckpt_"))
+    root = Path(tempfile.mkdtemp(prefix="ckpt_", dir=ROOT))
     source = config.build(fill=CAPACITY + 2)
     good = root / "good"
     try:
@@ -594,8 +599,6 @@ def _checkpoint_cases(config: Config, rb: Any) -> list[tuple[str, Callable[[Any]
     for k, path in enumerate(p for p in leaf_paths(meta) if p and p[0] in ("components", "buffer")):
         for j, value in enumerate((None, -1, 10**6, "x", 0.5)):
             def call(rb, path=path, value=value, tag=f"e{k}_{j}"):
-                import shutil
-
                 target = root / tag
                 if not target.exists():
                     shutil.copytree(good, target)
@@ -696,7 +699,7 @@ def constructor_cases() -> list[tuple[str, str, Callable[[], Any]]]:
         ("LazyStackStorage", "stack_dim='a'", lambda: gpubuf.LazyStackStorage(8, stack_dim="a")),
         ("SpillStorage", "device_budget=-1", lambda: gpubuf.SpillStorage(8, device="cpu", device_budget=-1)),
         ("SpillStorage", "device_budget=2.5", lambda: gpubuf.SpillStorage(8, device="cpu", device_budget=2.5)),
-        ("SpillStorage", "scratch_dir under a file", lambda: gpubuf.SpillStorage(8, device="cpu", scratch_dir=_a_file(Path(tempfile.mkdtemp())) / "x")),
+        ("SpillStorage", "scratch_dir under a file", lambda: gpubuf.SpillStorage(8, device="cpu", scratch_dir=_a_file(Path(tempfile.mkdtemp(dir=ROOT))) / "x")),
         ("CompressedListStorage", "compression_level='a'", lambda: gpubuf.CompressedListStorage(8, compression_level="a")),
         ("CompressedListStorage", "compression_level=99", lambda: gpubuf.CompressedListStorage(8, compression_level=99)),
         ("CompressedListStorage", "compression_fn=3", lambda: gpubuf.CompressedListStorage(8, compression_fn=3)),
