@@ -21,6 +21,7 @@ from gpubuf.errors import (
     BatchSizeError,
     EmptyBufferError,
     SliceArgumentError,
+    StateDictError,
     TrajectoryKeyError,
     TrajectoryLengthError,
 )
@@ -674,19 +675,44 @@ class SliceSampler(Sampler):
         """Restores :meth:`state_dict`'s boundaries (validated first; nothing changes on error).
 
         Raises:
-            ValueError: a state whose fields do not fit together.
+            StateDictError: a state whose fields do not fit together (a ``ValueError``).
         """
-        index_state = state_dict.get("index")
-        index = None if index_state is None else EpisodeIndex.from_state_dict(index_state, "cpu")
-        kind = state_dict.get("source_kind")
-        source = None
-        if kind is not None:
-            keys = [tuple(k) for k in state_dict["source_keys"]]
-            if kind not in ("traj", "end") or not keys:
-                raise ValueError(f"unknown trajectory boundary source {kind!r} in the sampler's state")
-            source = (kind, keys[0]) if kind == "traj" else (kind, tuple(keys))
-        pending = [torch.as_tensor(p) for p in state_dict.get("pending", [])]
-        last = state_dict.get("last")
+        self._install_slice_state(self._parse_slice_state(state_dict))
+
+    def _check_state_dict(self, state_dict: Any) -> None:
+        self._parse_slice_state(state_dict)
+
+    def _parse_slice_state(self, state_dict: Any) -> tuple:
+        """The boundaries of a :meth:`state_dict`, checked; changes nothing.
+
+        Raises:
+            StateDictError: anything that does not describe boundaries.
+        """
+        if not isinstance(state_dict, dict):
+            raise StateDictError(f"slice sampler state: expected a dict, got {type(state_dict).__name__}")
+        try:
+            index_state = state_dict.get("index")
+            index = None if index_state is None else EpisodeIndex.from_state_dict(index_state, "cpu")
+            kind = state_dict.get("source_kind")
+            source = None
+            if kind is not None:
+                keys = [tuple(k) for k in state_dict["source_keys"]]
+                if kind not in ("traj", "end") or not keys:
+                    raise StateDictError(f"unknown trajectory boundary source {kind!r} in the sampler's state")
+                source = (kind, keys[0]) if kind == "traj" else (kind, tuple(keys))
+            pending = [torch.as_tensor(p) for p in state_dict.get("pending", [])]
+            if any(p.dtype.is_floating_point or p.ndim != 1 for p in pending):
+                raise StateDictError("pending rows must be 1-D integer tensors")
+            last = state_dict.get("last")
+            last = None if last is None else torch.as_tensor(last).clone()
+        except StateDictError as err:
+            raise StateDictError(f"slice sampler state: {err}") from None
+        except Exception as err:  # noqa: BLE001 - an edited state fails in many ways
+            raise StateDictError(f"slice sampler state does not describe boundaries: {type(err).__name__}: {err}") from None
+        return index, source, pending, last
+
+    def _install_slice_state(self, parsed: tuple) -> None:
+        index, source, pending, last = parsed
         if self._static is not None:
             if index is not None:
                 self._static = index
@@ -694,7 +720,7 @@ class SliceSampler(Sampler):
             self._index = index
         self._source = source
         self._pending = pending
-        self._last = None if last is None else torch.as_tensor(last).clone()
+        self._last = last
         self._nonempty = {}
 
     def __repr__(self) -> str:
@@ -831,9 +857,15 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         state.update(SamplerWithoutReplacement.state_dict(self))
         return state
 
+    def _check_state_dict(self, state_dict: Any) -> None:
+        self._parse_slice_state(state_dict)
+        SamplerWithoutReplacement._check_state_dict(self, state_dict)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        SliceSampler.load_state_dict(self, state_dict)
+        parsed = self._parse_slice_state(state_dict)
+        SamplerWithoutReplacement._check_state_dict(self, state_dict)
         SamplerWithoutReplacement.load_state_dict(self, state_dict)
+        self._install_slice_state(parsed)
 
     def __repr__(self) -> str:
         return SliceSampler.__repr__(self)
