@@ -332,9 +332,15 @@ class CompressedListStorage(ListStorage):
         for position, (value, metadata) in zip(positions, compressed):
             self._place(position % len(self._storage) if position < 0 else position, value, metadata)
 
+    #: Whether TensorDict items must keep one structure (a TensorDict buffer, which stacks what it
+    #: samples, sets it); a plain buffer takes items of any structure and samples them as a list.
+    same_structure = False
+
     def _check_structure(self, positions: list[int], metadata: list[dict]) -> None:
-        """TensorDict items keep one structure (batch size, keys, dtypes, shapes), that of the
-        items already stored (or of the batch's first): a sample stacks them."""
+        """With :attr:`same_structure`, TensorDict items keep one structure (batch size, keys,
+        dtypes, shapes), that of the items already stored (or of the batch's first)."""
+        if not self.same_structure:
+            return
         size = len(self._storage)
         replaced = {p + size if p < 0 else p for p in positions}
         reference = next(
@@ -350,10 +356,9 @@ class CompressedListStorage(ListStorage):
                     f"expected {expected}, got {_structure(meta)}"
                 )
 
-    @staticmethod
-    def _check_items_structure(metadata: list) -> None:
-        """A state's TensorDict items share one structure, as written ones do."""
-        if metadata and metadata[0].get("type") == "tensordict":
+    def _check_items_structure(self, metadata: list) -> None:
+        """With :attr:`same_structure`, a state's TensorDict items share one structure, as written ones do."""
+        if self.same_structure and metadata and metadata[0].get("type") == "tensordict":
             expected = _structure(metadata[0])
             for i, meta in enumerate(metadata):
                 if _structure(meta) != expected:

@@ -16,13 +16,15 @@ __all__ = ["LazyStackStorage"]
 
 
 def _family(item: Any) -> tuple:
-    """What items must share to be stacked together: container kind (tensorclass type) and batch dims."""
+    """What items must share to be stacked together: container kind (tensorclass type) and batch
+    dims; for tensors, their dtype and number of dims (tensors of another dtype stack neither
+    densely nor as a jagged tensor)."""
     if is_tensorclass(item):
         return ("tensorclass", type(item), item.batch_dims)
     if isinstance(item, TensorDictBase):
         return ("tensordict", None, item.batch_dims)
     if isinstance(item, torch.Tensor):
-        return ("tensor", None, item.ndim)
+        return ("tensor", item.dtype, item.ndim)
     return ("object", None, None)
 
 
@@ -30,8 +32,10 @@ def _describe(family: tuple) -> str:
     kind, cls, ndim = family
     if kind == "object":
         return "Python objects"
-    name = cls.__name__ if cls is not None else ("TensorDicts" if kind == "tensordict" else "tensors")
-    return f"{name} with {ndim} batch dim(s)" if kind != "tensor" else f"{ndim}-d tensors"
+    if kind == "tensor":
+        return f"{ndim}-d {cls} tensors"
+    name = cls.__name__ if cls is not None else "TensorDicts"
+    return f"{name} with {ndim} batch dim(s)"
 
 
 class LazyStackStorage(ListStorage):
