@@ -692,6 +692,8 @@ class SliceSampler(Sampler):
             raise StateDictError(f"slice sampler state: expected a dict, got {type(state_dict).__name__}")
         try:
             index_state = state_dict.get("index")
+            if index_state is not None:
+                _check_index_state(index_state)
             index = None if index_state is None else EpisodeIndex.from_state_dict(index_state, "cpu")
             kind = state_dict.get("source_kind")
             source = None
@@ -701,10 +703,12 @@ class SliceSampler(Sampler):
                     raise StateDictError(f"unknown trajectory boundary source {kind!r} in the sampler's state")
                 source = (kind, keys[0]) if kind == "traj" else (kind, tuple(keys))
             pending = [torch.as_tensor(p) for p in state_dict.get("pending", [])]
-            if any(p.dtype.is_floating_point or p.ndim != 1 for p in pending):
+            if any(p.dtype.is_floating_point or p.ndim != 1 or p.device.type == "meta" for p in pending):
                 raise StateDictError("pending rows must be 1-D integer tensors")
             last = state_dict.get("last")
             last = None if last is None else torch.as_tensor(last).clone()
+            if last is not None and (last.device.type == "meta" or last.dtype.is_floating_point or last.dtype.is_complex):
+                raise StateDictError("the newest rows' marks (last) must be an integer or bool tensor with values")
         except StateDictError as err:
             raise StateDictError(f"slice sampler state: {err}") from None
         except Exception as err:  # noqa: BLE001 - an edited state fails in many ways
@@ -729,6 +733,28 @@ class SliceSampler(Sampler):
             f"end_key={self.end_key}, end_keys={self.end_keys}, traj_key={self.traj_key}, "
             f"truncated_key={self.truncated_key}, strict_length={self.strict_length}, pad_output={self.pad_output})"
         )
+
+
+def _check_index_state(state: Any) -> None:
+    """Refuses an episode index state whose sizes do not match its tensors (sizes that are
+    checked against the tensors given, so an edited size never allocates what it says)."""
+    if not isinstance(state, dict):
+        raise StateDictError(f"the episode index state must be a dict, got {type(state).__name__}")
+    sizes = [state.get(name) for name in ("capacity", "columns", "written")]
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in sizes):
+        raise StateDictError(f"episode index capacity, columns and written must be ints >= 0, got {sizes}")
+    capacity, columns, _ = sizes
+    for name, shape in (("start", (columns, capacity + 1)), ("stop", (columns, capacity + 1)),
+                        ("row_traj", (columns, capacity + 1)), ("head", (columns,)), ("tail", (columns,))):
+        value = state.get(name)
+        if (
+            not isinstance(value, torch.Tensor)
+            or tuple(value.shape) != shape
+            or value.device.type == "meta"
+            or value.dtype.is_floating_point
+            or value.dtype.is_complex
+        ):
+            raise StateDictError(f"episode index field {name!r} must be an integer tensor of shape {list(shape)}")
 
 
 class _TrajectoryCount:
