@@ -7,6 +7,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpubuf.errors import InvalidIndexError, InvalidSliceError
+
 INDEX_ERROR = "Expected an index of type torch.Tensor, range, np.ndarray, int, slice or ellipsis, got {} instead."
 
 
@@ -23,31 +25,45 @@ def member_positions(index: Any, count: int, owner: str) -> int | list[int] | No
         member positions of a sub-ensemble.
 
     Raises:
-        IndexError: a tensor index of more than one dimension, an int out of range, or an index
-            of another type.
-        TypeError: a floating-point tensor index.
+        InvalidIndexError: a tensor index of more than one dimension, a floating-point, boolean or
+            complex one, an int or tensor entry out of range, or an index of another type (an
+            ``IndexError`` and a ``TypeError``, as TorchRL raises one or the other).
+        InvalidSliceError: a slice with a zero or negative step, or bounds that are not ints.
     """
     if isinstance(index, slice) and index == slice(None):
         return None
     if isinstance(index, (list, range, np.ndarray)):
-        index = torch.as_tensor(index)
+        try:
+            index = torch.as_tensor(index)
+        except (TypeError, ValueError, RuntimeError):
+            raise InvalidIndexError(INDEX_ERROR.format(type(index))) from None
     if isinstance(index, torch.Tensor):
         if index.ndim > 1:
-            raise IndexError(f"Cannot index a {owner} with tensor indices of more than one dimension.")
-        if index.is_floating_point():
-            raise TypeError("A floating point index was received when an integer dtype was expected.")
+            raise InvalidIndexError(f"Cannot index a {owner} with tensor indices of more than one dimension.")
+        if index.is_floating_point() or index.is_complex() or index.dtype == torch.bool or index.device.type == "meta":
+            raise InvalidIndexError(
+                f"A {index.dtype} index on {index.device} was received when an integer dtype was expected."
+            )
         if index.ndim == 0:
             index = int(index)
-    if isinstance(index, int):
+        elif index.numel() and not (-count <= int(index.min()) and int(index.max()) < count):
+            raise InvalidIndexError(f"member index {index.tolist()} is out of range for {count} members")
+    if isinstance(index, (int, np.integer)) and not isinstance(index, bool):
+        index = int(index)
         # The bounds of tuple indexing, reported with TorchRL's message rather than the tuple's.
         if not -count <= index < count:
-            raise IndexError(INDEX_ERROR.format(type(index)))
+            raise InvalidIndexError(INDEX_ERROR.format(type(index)) + f" (member {index} of {count})")
         return index
     if isinstance(index, torch.Tensor):
         return index.tolist()
     if isinstance(index, slice):
+        for value in (index.start, index.stop, index.step):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
+                raise InvalidSliceError(f"slice bounds must be ints or None, got {index!r}")
+        if index.step is not None and index.step <= 0:
+            raise InvalidSliceError(f"slice step {index.step} is not positive: expected a positive step")
         return list(range(count))[index]
-    raise IndexError(INDEX_ERROR.format(type(index)))
+    raise InvalidIndexError(INDEX_ERROR.format(type(index)))
 
 
 def rng_to_members(members: str) -> property:

@@ -43,6 +43,7 @@ __all__ = [
     "ShardUnavailableError",
     "RateLimitTimeoutError",
     "InvalidArgumentError",
+    "ArgumentConflictError",
     "UnsupportedOptionError",
     "InvalidDeviceError",
     "ComponentTypeError",
@@ -234,6 +235,12 @@ class InvalidArgumentError(GpubufError, ValueError):
     """A constructor or method argument outside its accepted range (an exponent that is negative
     or not finite, an unknown reduction, ``ndim < 1``, ``dim_extend`` past the data's dims,
     ``prefetch < 0``). A ``ValueError``, as TorchRL raises."""
+
+
+class ArgumentConflictError(InvalidArgumentError, RuntimeError):
+    """Arguments that exclude each other (``p`` with ``sample_from_all=True``, ``routing_key`` with
+    ``routing_dim``), or an ensemble without members. Also a ``RuntimeError``: TorchRL raises a
+    ``RuntimeError`` or a ``ValueError`` for these depending on the case."""
 
 
 class UnsupportedOptionError(GpubufError, NotImplementedError):

@@ -18,11 +18,13 @@ import torch
 
 from gpubuf.errors import StateDictError, StateDictKeyError
 from gpubuf.samplers.prioritized import PrioritizedSampler
-from gpubuf.storages._layout import is_tensor_collection
+from gpubuf.storages._layout import Layout, is_tensor_collection
 from gpubuf.storages.compressed import CompressedListStorage
 from gpubuf.storages.items import is_int
 from gpubuf.storages.list import ListStorage
 from gpubuf.storages.memmap import LazyMemmapStorage
+from gpubuf.storages.packed import PackedStorage
+from gpubuf.storages.spill import SpillStorage
 from gpubuf.storages.stack import LazyStackStorage
 from gpubuf.storages.tensor import TensorStorage
 from gpubuf.writers import RoundRobinWriter
@@ -106,7 +108,7 @@ def _check_storage(buffer: Any, state: Any) -> _Rows:
     where = "state dict _storage"
     state = _require_dict(state, where)
     loader = type(storage).load_state_dict
-    if loader in (TensorStorage.load_state_dict, LazyMemmapStorage.load_state_dict):
+    if loader in (TensorStorage.load_state_dict, LazyMemmapStorage.load_state_dict, SpillStorage.load_state_dict):
         _require_keys(state, ("_storage", "_len"), where)
         data, length = state["_storage"], state["_len"]
         if not _is_int(length) or int(length) < 0:
@@ -132,7 +134,7 @@ def _check_storage(buffer: Any, state: Any) -> _Rows:
             raise StateDictError(f"{where}: the data needs {storage.ndim} leading dims")
         cap0 = int(shape[0])
         capacity = int(torch.Size(shape[: storage.ndim]).numel())
-        expected = storage._capacity_along_dim0 if storage.initialized else None
+        expected = storage._capacity_along_dim0 if isinstance(storage, TensorStorage) and storage.initialized else None
         if storage.ndim == 1 and cap0 != storage.max_size or expected is not None and cap0 != expected:
             raise StateDictError(
                 f"{where}: the data has {cap0} rows along dim 0, this storage {expected or storage.max_size} "
@@ -149,13 +151,46 @@ def _check_storage(buffer: Any, state: Any) -> _Rows:
             raise StateDictError(f"{where}: _storage must be a list of items, got {type(items).__name__}")
         if len(items) > storage.max_size:
             raise StateDictError(f"{where}: {len(items)} items for a capacity of {storage.max_size}")
+        _check_list_items(buffer, items, where)
         return _Rows(len(items), storage.max_size)
     if loader in (CompressedListStorage.load_state_dict, LazyStackStorage.load_state_dict):
         items = state.get("_storage")
         if isinstance(items, (list, tuple)):
+            if loader is LazyStackStorage.load_state_dict:
+                _check_list_items(buffer, items, where)
+            metadata = state.get("_metadata")
+            if loader is CompressedListStorage.load_state_dict and buffer._tensordict_items and isinstance(metadata, (list, tuple)):
+                if any(not isinstance(meta, dict) or meta.get("type") != "tensordict" for meta in metadata):
+                    raise StateDictError(
+                        f"{where}: a {type(buffer).__name__} holds TensorDicts, and this state holds other items (the state "
+                        "of a buffer of another kind)"
+                    )
             return _Rows(len(items), storage.max_size)  # the storage checks the rest itself
-    # A storage of another kind (stacked, packed, encoded, ensembles) checks its own state.
-    return _Rows(None, None)
+        packed = state.get("_packed")
+        if isinstance(packed, dict) and _is_int(packed.get("_len")):
+            return _Rows(int(packed["_len"]), storage.max_size)
+    if loader is PackedStorage.load_state_dict and _is_int(state.get("_len")):
+        return _Rows(int(state["_len"]), storage.max_size)
+    # A storage of another kind (encoded, ensembles) checks its own state; a writer's cursor
+    # still lies below its capacity, and a TensorDict buffer's items are TensorDicts.
+    layout = state.get("_layout")
+    if buffer._tensordict_items and isinstance(layout, Layout) and layout.kind not in ("tensordict", "tensorclass"):
+        raise StateDictError(
+            f"{where}: a {type(buffer).__name__} holds TensorDicts, and this state holds {layout.kind} items (the state "
+            "of a buffer of another kind)"
+        )
+    return _Rows(None, storage.max_size if storage.ndim == 1 else None)
+
+
+def _check_list_items(buffer: Any, items: Any, where: str) -> None:
+    """The items of a list state are the buffer's kind: a TensorDict buffer samples TensorDicts only."""
+    if buffer._tensordict_items:
+        for i, item in enumerate(items):
+            if not is_tensor_collection(item):
+                raise StateDictError(
+                    f"{where}: item #{i} is a {type(item).__name__}, and a {type(buffer).__name__} holds TensorDicts (the "
+                    "state of a buffer of another kind)"
+                )
 
 
 def _lead_shape(data: Any, ndim: int) -> torch.Size | None:

@@ -624,7 +624,8 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
             row_bytes = sum(spec.row_bytes for spec in layout.leaves)
         else:
             # Items of a list storage: a reference, and the first item's bytes when it is a tensor.
-            first = storage._storage[0] if isinstance(storage, ListStorage) and len(storage) else None
+            # (A stacked storage that packs its items keeps none in its list.)
+            first = storage._storage[0] if isinstance(storage, ListStorage) and storage._storage else None
             row_bytes = 64 + (first.nbytes if isinstance(first, torch.Tensor) else 0)
         device = getattr(storage, "device", None)
         device = device if isinstance(device, torch.device) else torch.device("cpu")

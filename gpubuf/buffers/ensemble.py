@@ -15,7 +15,21 @@ from gpubuf.samplers.ensemble import SamplerEnsemble
 from gpubuf.storages.ensemble import StorageEnsemble
 from gpubuf.storages.list import ListStorage
 from gpubuf.writers.ensemble import WriterEnsemble
-from gpubuf.errors import ImmutableStorageError
+from gpubuf.buffers._state_check import check_buffer_state
+from gpubuf.errors import (
+    ArgumentConflictError,
+    ComponentTypeError,
+    DTypeMismatchError,
+    ImmutableStorageError,
+    InvalidArgumentError,
+    InvalidIndexError,
+    MissingKeyError,
+    SchemaMismatchError,
+    StateDictError,
+    StateDictKeyError,
+    UnsupportedDataError,
+    UnsupportedOptionError,
+)
 
 __all__ = ["ReplayBufferEnsemble"]
 
@@ -57,7 +71,10 @@ class ReplayBufferEnsemble(ReplayBuffer):
         **kwargs: passed to :class:`ReplayBuffer`.
 
     Raises:
-        RuntimeError: both ``rbs`` and components, or ``p`` with ``sample_from_all``.
+        ArgumentConflictError: both ``rbs`` and components, neither, components of different
+            lengths, ``p`` with ``sample_from_all``, ``routing_key`` with ``routing_dim`` (a
+            ``RuntimeError`` and a ``ValueError``).
+        ComponentTypeError: a member that is not a buffer, components of the wrong kind.
 
     Examples:
         >>> rb0 = ReplayBuffer(storage=LazyTensorStorage(10))
@@ -88,14 +105,17 @@ class ReplayBufferEnsemble(ReplayBuffer):
         **kwargs: Any,
     ) -> None:
         if routing_key is not None and routing_dim is not None:
-            raise ValueError("routing_key and routing_dim are mutually exclusive.")
+            raise ArgumentConflictError("routing_key and routing_dim are mutually exclusive.")
         if routing_dim is not None and (isinstance(routing_dim, bool) or not isinstance(routing_dim, int)):
-            raise TypeError("routing_dim must be an integer.")
+            raise ComponentTypeError("routing_dim must be an integer.")
+        for i, rb in enumerate(rbs):
+            if not isinstance(rb, ReplayBuffer):
+                raise ComponentTypeError(f"ReplayBufferEnsemble member #{i} is a {type(rb).__name__}: expected a replay buffer")
         self.routing_key = unravel_key(routing_key) if routing_key is not None else None
         self.routing_dim = routing_dim
         if rbs:
             if storages is not None or samplers is not None or writers is not None:
-                raise RuntimeError("pass either replay buffers or storages/samplers/writers, not both")
+                raise ArgumentConflictError("pass either replay buffers or storages/samplers/writers, not both")
             storages = StorageEnsemble(*[rb._storage for rb in rbs], transforms=[rb._transform for rb in rbs])
             samplers = SamplerEnsemble(
                 *[rb._sampler for rb in rbs], p=p, sample_from_all=sample_from_all, num_buffer_sampled=num_buffer_sampled
@@ -105,7 +125,18 @@ class ReplayBufferEnsemble(ReplayBuffer):
                 collate_fns = [rb._collate_fn for rb in rbs]
         else:
             if storages is None or samplers is None or writers is None:
-                raise RuntimeError("an ensemble needs replay buffers, or storages, samplers and writers")
+                raise ArgumentConflictError("an ensemble needs replay buffers, or storages, samplers and writers")
+            if not isinstance(storages, StorageEnsemble) or not isinstance(samplers, SamplerEnsemble) or not isinstance(
+                writers, WriterEnsemble
+            ):
+                raise ComponentTypeError(
+                    "storages, samplers and writers must be a StorageEnsemble, a SamplerEnsemble and a WriterEnsemble"
+                )
+            if not len(storages._storages) == len(samplers._samplers) == len(writers._writers):
+                raise ArgumentConflictError(
+                    f"{len(storages._storages)} storages, {len(samplers._samplers)} samplers and {len(writers._writers)} "
+                    "writers: expected one of each per member"
+                )
             if collate_fns is None:
                 collate_fns = [_default_collate(storage) for storage in storages._storages]
             transforms = storages._transforms or [None] * len(storages._storages)
@@ -136,9 +167,11 @@ class ReplayBufferEnsemble(ReplayBuffer):
         if self.routing_key is None and self.routing_dim is None:
             raise ImmutableStorageError("a ReplayBufferEnsemble is written through its members: ensemble[i].add(...)")
         if self.routing_dim is not None:
-            raise RuntimeError("Use extend() for routing_dim writes.")
+            raise ArgumentConflictError("Use extend() for routing_dim writes.")
+        if not isinstance(data, TensorDictBase):
+            raise UnsupportedDataError(f"Routed replay writes require a TensorDict input, got {type(data).__name__}.")
         if data.ndim:
-            raise ValueError("add() expects a scalar TensorDict record.")
+            raise SchemaMismatchError(f"add() expects a scalar TensorDict record, got batch size {tuple(data.batch_size)}.")
         return self.extend(data.unsqueeze(0))[0]
 
     def extend(self, data: Any, *, update_priority: bool | None = None) -> Any:
@@ -147,13 +180,17 @@ class ReplayBufferEnsemble(ReplayBuffer):
         with ``data.reshape(-1)``. Otherwise refused (``ImmutableStorageError``): write to a member.
 
         Raises:
-            TypeError: not a TensorDict, or member ids that are not integers.
-            ValueError: ids out of range, or a routing dim whose size is not the member count.
+            UnsupportedDataError: not a TensorDict (a ``TypeError``).
+            DTypeMismatchError: member ids that are not integers (a ``TypeError``).
+            MissingKeyError: no ``routing_key`` entry.
+            SchemaMismatchError: ids of another shape than the records', or a routing dim whose
+                size is not the member count (a ``ValueError``).
+            InvalidArgumentError: ids out of range (a ``ValueError``).
         """
         if self.routing_key is None and self.routing_dim is None:
             raise ImmutableStorageError("a ReplayBufferEnsemble is written through its members: ensemble[i].extend(...)")
         if update_priority is not None:
-            raise NotImplementedError("update_priority is not supported by routed ensemble writes.")
+            raise UnsupportedOptionError("update_priority is not supported by routed ensemble writes.")
         flat, buffer_ids = self._routing(data)
         local = torch.empty(buffer_ids.numel(), dtype=torch.long, device=buffer_ids.device)
         with self._lock:
@@ -165,26 +202,28 @@ class ReplayBufferEnsemble(ReplayBuffer):
 
     def _routing(self, data: Any) -> tuple[Any, torch.Tensor]:
         if not isinstance(data, TensorDictBase):
-            raise TypeError("Routed replay writes require a TensorDict input.")
+            raise UnsupportedDataError(f"Routed replay writes require a TensorDict input, got {type(data).__name__}.")
         if len(self._transform):
             data = self._transform.inv(data)
         flat = data.reshape(-1)
         members = len(self._rbs)
         if self.routing_key is not None:
+            if self.routing_key not in flat.keys(True):
+                raise MissingKeyError(f"the records have no routing_key {self.routing_key!r}: expected one member id per record")
             buffer_ids = flat.get(self.routing_key)
             while buffer_ids.ndim > 1 and buffer_ids.shape[-1] == 1:
                 buffer_ids = buffer_ids.squeeze(-1)
             if buffer_ids.shape != flat.batch_size:
-                raise ValueError(
+                raise SchemaMismatchError(
                     f"routing_key {self.routing_key!r} must contain one member id per record, got shape "
                     f"{tuple(buffer_ids.shape)} for batch size {tuple(flat.batch_size)}."
                 )
         else:
             if not data.ndim:
-                raise ValueError("routing_dim requires batched input.")
+                raise SchemaMismatchError("routing_dim requires batched input.")
             dim = self.routing_dim % data.ndim
             if data.shape[dim] != members:
-                raise ValueError(
+                raise SchemaMismatchError(
                     f"routing_dim {self.routing_dim} has size {data.shape[dim]}, expected {members} ensemble members."
                 )
             shape = [1] * data.ndim
@@ -192,10 +231,10 @@ class ReplayBufferEnsemble(ReplayBuffer):
             buffer_ids = torch.arange(members, device=data.device or "cpu").reshape(shape).expand(data.batch_size)
             buffer_ids = buffer_ids.reshape(-1)
         if buffer_ids.dtype == torch.bool or buffer_ids.is_floating_point():
-            raise TypeError("ReplayBufferEnsemble member ids must be integers.")
+            raise DTypeMismatchError("ReplayBufferEnsemble member ids must be integers.")
         buffer_ids = buffer_ids.to(torch.long)
         if buffer_ids.numel() and ((buffer_ids < 0).any() or (buffer_ids >= members).any()):
-            raise ValueError(f"ReplayBufferEnsemble member ids must lie in [0, {members - 1}].")
+            raise InvalidArgumentError(f"ReplayBufferEnsemble member ids must lie in [0, {members - 1}].")
         return flat, buffer_ids
 
     def __setitem__(self, index: Any, value: Any) -> None:
@@ -252,6 +291,8 @@ class ReplayBufferEnsemble(ReplayBuffer):
         """``ensemble[i]`` is member buffer ``i``; a slice, list or tensor gives a sub-ensemble;
         ``ensemble[i, rows]`` reads rows of member ``i``; ``ensemble[:, rows]`` reads them from every member."""
         if isinstance(index, tuple):
+            if not index:
+                raise InvalidIndexError("an empty tuple index: expected a member index, then the rows to read")
             if index[0] is Ellipsis:
                 index = (slice(None), *index[1:])
             picked = self[index[0]]
@@ -264,7 +305,7 @@ class ReplayBufferEnsemble(ReplayBuffer):
                 return picked[(slice(None), *index[1:])]
             return picked[rest]
         if isinstance(index, str):
-            raise IndexError("a ReplayBufferEnsemble is indexed by member; read a key from a member: ensemble[i][key]")
+            raise InvalidIndexError("a ReplayBufferEnsemble is indexed by member; read a key from a member: ensemble[i][key]")
         picked = member_positions(index, len(self._rbs), type(self).__name__)
         if picked is None:
             return self
@@ -281,6 +322,63 @@ class ReplayBufferEnsemble(ReplayBuffer):
             num_buffer_sampled=sampler._num_buffer_sampled,
             p=sampler.p if sampler.p is None or isinstance(sampler.p, str) else sampler.p[picked],
         )
+
+    # ------------------------------------------------------------------ state
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restores a :meth:`state_dict`, all or nothing.
+
+        Every member's part (its storage, sampler and writer states, under ``str(i)``) is checked
+        whole against that member, as a member buffer's own state would be, before any member
+        changes; then the members load one by one, and a member that still refuses its part
+        has the members loaded before it restored.
+
+        Raises:
+            StateDictKeyError: a key is missing (a member's part included).
+            StateDictError: any other part that does not fit this ensemble or one of its members.
+        """
+        check_buffer_state(self, state_dict)
+        parts = [self._member_state(state_dict, i) for i in range(len(self._rbs))]
+        for i, (member, part) in enumerate(zip(self._rbs, parts)):
+            try:
+                check_buffer_state(member, part)
+            except StateDictError as err:
+                raise type(err)(f"member {i}: {err}") from None
+        with self._lock:
+            self._invalidate_prefetch()
+            previous = [member.state_dict() for member in self._rbs]
+            loaded = []
+            try:
+                for member, part in zip(self._rbs, parts):
+                    member.load_state_dict(part)
+                    loaded.append(member)
+                self._transform.load_state_dict(state_dict.get("_transforms") or {})
+            except Exception as err:
+                for member, state in zip(loaded, previous):
+                    member.load_state_dict(state)
+                if isinstance(err, StateDictError):
+                    raise
+                raise StateDictError(f"the state dict does not fit this ensemble: {type(err).__name__}: {err}") from err
+            self._batch_size = state_dict["_batch_size"]
+            rng = state_dict.get("_rng")
+            if rng is not None:
+                generator = torch.Generator(device=rng[1])
+                generator.set_state(rng[0])
+                self.set_rng(generator)
+
+    def _member_state(self, state_dict: dict, i: int) -> dict:
+        """Member ``i``'s part of an ensemble state, as that member buffer's own state dict."""
+        member = self._rbs[i]
+        part = {"_batch_size": member._batch_size, "_transforms": member._transform.state_dict(), "_rng": None}
+        for key in ("_storage", "_sampler", "_writer"):
+            states = state_dict[key]
+            if not isinstance(states, dict):
+                raise StateDictError(f"state dict {key}: expected a dict of the members' states, got {type(states).__name__}")
+            if str(i) not in states:
+                raise StateDictKeyError(
+                    f"state dict {key}: missing member {str(i)!r} (expected the keys {[str(j) for j in range(len(self._rbs))]})"
+                )
+            part[key] = states[str(i)]
+        return part
 
     def __len__(self) -> int:
         """The number of member buffers (TorchRL's meaning)."""

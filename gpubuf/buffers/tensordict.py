@@ -9,6 +9,7 @@ from tensordict import TensorDictBase, is_tensorclass
 
 from gpubuf.buffers.base import _INDEX_KEY, ReplayBuffer, _info_entries
 from gpubuf.storages._layout import expand_as_batch, is_tensor_collection
+from gpubuf.storages.compressed import CompressedListStorage
 from gpubuf.errors import MissingKeyError, UnsupportedDataError
 from gpubuf.samplers.base import Sampler
 from gpubuf.writers import TensorDictRoundRobinWriter
@@ -34,6 +35,9 @@ class TensorDictReplayBuffer(ReplayBuffer):
 
     def __init__(self, *, priority_key: str = "td_error", **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if isinstance(self._storage, CompressedListStorage):
+            # What this buffer samples is stacked: its items keep one structure.
+            self._storage.same_structure = True
         self.priority_key = priority_key
 
     def extend(self, tensordicts: TensorDictBase, *, update_priority: bool | None = None) -> torch.Tensor:

@@ -346,14 +346,24 @@ def load_buffer(buffer: Any, path: Any) -> None:
             "sampler": (buffer._sampler, codec_for(buffer._sampler)),
             "writer": (buffer._writer, codec_for(buffer._writer)),
         }
-        applies = [_prepare(slot, components, arrays, targets[slot], context) for slot in SLOTS]
+        # The storage is prepared last, after every other check: the generic codec prepares a
+        # shallow copy of its component, which shares (and may write into) the objects it holds.
         load_transforms, finish = _prepare_buffer(buffer, meta.get("buffer"), arrays)
-        # Transforms load their state themselves and may still refuse it: first, while nothing
-        # else has changed. Then the components (attribute swaps), then the generator, which
-        # set_rng hands to the components just swapped in.
+        applies = {
+            slot: _prepare(slot, components, arrays, targets[slot], context) for slot in SLOTS if slot != "storage"
+        }
+        # Transforms load their state themselves and may still refuse it: before the storage, and
+        # put back if the storage refuses its part. Then the components (attribute swaps), then the
+        # generator, which set_rng hands to the components just swapped in.
+        previous_transforms = buffer._transform.state_dict()
         load_transforms()
-        for apply in applies:
-            apply()
+        try:
+            applies["storage"] = _prepare("storage", components, arrays, targets["storage"], context)
+        except BaseException:
+            buffer._transform.load_state_dict(previous_transforms)
+            raise
+        for slot in SLOTS:
+            applies[slot]()
         finish()
     finally:
         if stage is not None:

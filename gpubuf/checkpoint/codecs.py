@@ -28,6 +28,10 @@ import torch
 from gpubuf.checkpoint.errors import CheckpointCorruptError, CheckpointMismatchError, UnserializableDataError
 from gpubuf.checkpoint.format import require, require_int
 from gpubuf.checkpoint.values import Decoder, Encoder, device_here
+from gpubuf.storages._layout import is_tensor_collection
+from gpubuf.storages.base import Storage
+from gpubuf.storages.compressed import CompressedListStorage
+from gpubuf.storages.list import ListStorage
 from gpubuf.storages.memmap import LazyMemmapStorage
 
 Apply = Callable[[], None]
@@ -199,7 +203,25 @@ class StateDictCodec(Codec):
             shadow.load_state_dict(value)
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
             raise CheckpointMismatchError(f"{type(component).__name__}.load_state_dict refused the state: {err}") from err
+        buffer = context.buffer
+        if buffer is not None and isinstance(component, Storage) and buffer._tensordict_items and _holds_other_items(shadow):
+            raise CheckpointMismatchError(
+                f"the checkpoint's storage holds items that are not TensorDicts, and a {type(buffer).__name__} holds "
+                "TensorDicts: load it into a buffer of the kind that wrote it"
+            )
         return apply
+
+
+def _holds_other_items(storage: Any) -> bool:
+    """Whether a storage holds items other than TensorDicts and tensorclasses."""
+    layout = storage.layout
+    if layout is not None:
+        return layout.kind not in ("tensordict", "tensorclass")
+    if isinstance(storage, CompressedListStorage):
+        return any(meta is not None and meta.get("type") != "tensordict" for meta in storage._metadata)
+    if isinstance(storage, ListStorage):
+        return not all(is_tensor_collection(item) for item in storage._storage)
+    return False
 
 
 def _array(arrays: Mapping[str, Any], name: str) -> torch.Tensor:

@@ -1,12 +1,13 @@
-"""``StorageEnsembleCheckpointer``: each member storage through its own checkpointer."""
+"""Ensembles in checkpoints: ``StorageEnsembleCheckpointer`` (each member storage through its own
+checkpointer) and the codec of sampler and writer ensembles (each member through its own codec)."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
 from gpubuf.checkpoint.base import StorageCheckpointerBase
-from gpubuf.checkpoint.codecs import Apply, Context, _array, register_codec, storage_codec
-from gpubuf.checkpoint.errors import CheckpointMismatchError
+from gpubuf.checkpoint.codecs import Apply, Codec, Context, StateDictCodec, _array, codec_for, register_codec, storage_codec
+from gpubuf.checkpoint.errors import CheckpointCorruptError, CheckpointMismatchError
 from gpubuf.checkpoint.format import require
 from gpubuf.checkpoint.values import Decoder, Encoder
 
@@ -74,3 +75,64 @@ class StorageEnsembleCheckpointer(StorageCheckpointerBase):
 
 
 register_codec("StorageEnsemble", StorageEnsembleCheckpointer)
+
+
+class MemberEnsembleCodec(Codec):
+    """A ``SamplerEnsemble`` or ``WriterEnsemble``: each member through its own codec, under ``m<i>/``.
+
+    Every member's state is checked (each codec's ``from_checkpoint``) before any member changes,
+    so a checkpoint refused for one member leaves all of them as they were. Checkpoints that
+    stored the ensemble's ``state_dict`` as one value still load.
+    """
+
+    name = "member_ensemble"
+    accepts = ("state_dict",)
+
+    def __init__(self, attribute: str) -> None:
+        self._attribute = attribute
+
+    def _members(self, component: Any) -> list:
+        return list(getattr(component, self._attribute))
+
+    def to_checkpoint(self, component: Any, context: Context) -> tuple[dict, dict]:
+        members_state, arrays = [], {}
+        for i, member in enumerate(self._members(component)):
+            codec = codec_for(member)
+            state, member_arrays = codec.to_checkpoint(member, context)
+            members_state.append(
+                {"codec": codec.name, "codec_version": codec.version, "class": type(member).__qualname__, "state": state}
+            )
+            arrays.update({f"m{i}/{name}": value for name, value in member_arrays.items()})
+        return {"members": members_state}, arrays
+
+    def from_checkpoint(self, component: Any, state: dict, arrays: Mapping[str, Any], context: Context) -> Apply:
+        if "members" not in state:  # written by the generic codec
+            return StateDictCodec().from_checkpoint(component, state, arrays, context)
+        members = self._members(component)
+        recorded = require(state, "members", list, f"{type(component).__name__} state")
+        if len(recorded) != len(members):
+            raise CheckpointMismatchError(
+                f"the checkpoint's {type(component).__name__} has {len(recorded)} members, the buffer's {len(members)}"
+            )
+        applies = []
+        for i, (member, entry) in enumerate(zip(members, recorded)):
+            where = f"{type(component).__name__} members[{i}]"
+            if not isinstance(entry, dict):
+                raise CheckpointCorruptError(f"{where}: expected a JSON object, got {type(entry).__name__}")
+            codec = codec_for(member)
+            name = require(entry, "codec", str, where)
+            if not codec.can_load(name):
+                raise CheckpointMismatchError(f"{where}: the checkpoint holds a {name!r}, the buffer a {codec.name!r}")
+            prefix = f"m{i}/"
+            local = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+            applies.append(codec.from_checkpoint(member, require(entry, "state", dict, where), local, context))
+
+        def apply() -> None:
+            for fn in applies:
+                fn()
+
+        return apply
+
+
+register_codec("SamplerEnsemble", lambda: MemberEnsembleCodec("_samplers"))
+register_codec("WriterEnsemble", lambda: MemberEnsembleCodec("_writers"))

@@ -9,6 +9,7 @@ from gpubuf.checkpoint.codecs import Apply, Context, StateDictCodec, _array, che
 from gpubuf.checkpoint.errors import CheckpointCorruptError, CheckpointMismatchError, UnserializableDataError
 from gpubuf.checkpoint.format import require, require_int
 from gpubuf.checkpoint.values import Decoder, Encoder
+from gpubuf.storages._layout import is_tensor_collection
 
 __all__ = ["ListStorageCheckpointer", "CompressedListStorageCheckpointer"]
 
@@ -59,6 +60,12 @@ class ListStorageCheckpointer(StorageCheckpointerBase):
             items = call_hook(hook, items, out=None)
         if not isinstance(items, list) or len(items) > storage.max_size:
             raise CheckpointCorruptError(f"{where}: the items do not fit a list storage of max_size {storage.max_size}")
+        buffer = context.buffer
+        if buffer is not None and buffer._tensordict_items and not all(is_tensor_collection(item) for item in items):
+            raise CheckpointMismatchError(
+                f"the checkpoint's list holds items that are not TensorDicts, and a {type(buffer).__name__} holds "
+                "TensorDicts: load it into a buffer of the kind that wrote it"
+            )
         if storage.device is not None:
             items = [storage._to_device(item) for item in items]
         shadow, apply = shadow_of(storage)

@@ -10,7 +10,14 @@ import torch
 from tensordict import TensorDict
 
 from gpubuf._ensemble import rng_to_members
-from gpubuf.errors import EmptyBufferError, EnsembleBatchSizeError, UnsupportedDataError
+from gpubuf.errors import (
+    ArgumentConflictError,
+    ComponentTypeError,
+    EmptyBufferError,
+    EnsembleBatchSizeError,
+    InvalidArgumentError,
+    UnsupportedDataError,
+)
 from gpubuf.samplers.base import Sampler
 
 __all__ = ["SamplerEnsemble", "EnsembleBatchSizeError"]
@@ -34,8 +41,11 @@ class SamplerEnsemble(Sampler):
         num_buffer_sampled: chunks per batch; defaults to the number of members.
 
     Raises:
-        RuntimeError: ``p`` together with ``sample_from_all=True`` (as in TorchRL).
-        ValueError: ``p`` of the wrong length, negative, or summing to zero.
+        ArgumentConflictError: ``p`` together with ``sample_from_all=True`` (a ``RuntimeError`` as
+            in TorchRL).
+        InvalidArgumentError: ``p`` of the wrong length, negative, not finite or summing to zero;
+            ``num_buffer_sampled`` not a positive int (a ``ValueError``).
+        ComponentTypeError: a member that is not a sampler.
     """
 
     def __init__(
@@ -45,13 +55,16 @@ class SamplerEnsemble(Sampler):
         sample_from_all: bool = False,
         num_buffer_sampled: int | None = None,
     ) -> None:
+        for i, sampler in enumerate(samplers):
+            if not isinstance(sampler, Sampler):
+                raise ComponentTypeError(f"SamplerEnsemble member #{i} is a {type(sampler).__name__}: expected a Sampler")
         self._samplers = tuple(samplers)
         self._rng_private = None
         if sample_from_all and p is not None:
-            raise RuntimeError("Cannot pass both `p` argument and `sample_from_all=True`.")
+            raise ArgumentConflictError("Cannot pass both `p` argument and `sample_from_all=True`.")
         self.sample_from_all = sample_from_all
         self.p = p
-        self._num_buffer_sampled = num_buffer_sampled
+        self.num_buffer_sampled = num_buffer_sampled
 
     _rng = rng_to_members("_samplers")
 
@@ -66,12 +79,20 @@ class SamplerEnsemble(Sampler):
             return
         if isinstance(value, str):
             if value != "sampleable":
-                raise ValueError("The only dynamic SamplerEnsemble probability is 'sampleable'.")
+                raise InvalidArgumentError("The only dynamic SamplerEnsemble probability is 'sampleable'.")
             self._p = value
             return
-        value = torch.as_tensor(value, dtype=torch.float64).reshape(-1)
-        if value.numel() != len(self._samplers) or bool((value < 0).any()) or float(value.sum()) <= 0:
-            raise ValueError(
+        try:
+            value = torch.as_tensor(value, dtype=torch.float64).reshape(-1)
+        except (TypeError, ValueError, RuntimeError):
+            raise InvalidArgumentError(f"p must be {len(self._samplers)} weights (numbers), got {value!r}") from None
+        if (
+            value.numel() != len(self._samplers)
+            or not bool(value.isfinite().all())
+            or bool((value < 0).any())
+            or float(value.sum()) <= 0
+        ):
+            raise InvalidArgumentError(
                 f"p must hold {len(self._samplers)} non-negative weights with a positive sum, got {value.tolist()}"
             )
         self._p = value / value.sum()
@@ -84,7 +105,9 @@ class SamplerEnsemble(Sampler):
 
     @num_buffer_sampled.setter
     def num_buffer_sampled(self, value: int | None) -> None:
-        self._num_buffer_sampled = value
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+            raise InvalidArgumentError(f"num_buffer_sampled must be None or a positive int, got {value!r}")
+        self._num_buffer_sampled = None if value is None else int(value)
 
     def _draw_members(self, storage: Any = None, chunk: int = 1) -> torch.Tensor:
         count = self.num_buffer_sampled

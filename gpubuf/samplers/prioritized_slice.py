@@ -318,13 +318,19 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restores :meth:`state_dict`; which steps are held aside is worked out at the next draw."""
-        PrioritizedSampler.load_state_dict(self, state_dict)
+        """Restores :meth:`state_dict`, checked whole first; which steps are held aside is worked out
+        at the next draw."""
         # A prioritized sampler's state alone (TorchRL's has no boundaries): read them at the next draw.
-        SliceSampler.load_state_dict(self, state_dict.get("_slices", {}))
+        slices = self._parse_slice_state(state_dict.get("_slices", {}) if isinstance(state_dict, dict) else state_dict)
+        PrioritizedSampler.load_state_dict(self, state_dict)
+        self._install_slice_state(slices)
         self._held = SumTree(self._max_capacity, dtype=self.dtype, device=self._tree.device)
         self._excluded = torch.zeros(self._max_capacity, dtype=torch.bool, device=self._tree.device)
         self._excluded_for = None
+
+    def _check_state_dict(self, state_dict: Any) -> None:
+        PrioritizedSampler._check_state_dict(self, state_dict)
+        self._parse_slice_state(state_dict.get("_slices", {}))
 
     def __repr__(self) -> str:
         return (

@@ -32,8 +32,10 @@ from typing import Any
 
 import torch
 
+from gpubuf.errors import DeviceMismatchError
 from gpubuf.file_lock import FileLock
 from gpubuf.samplers.prioritized import PrioritizedSampler
+from gpubuf.storages.checks import check_device
 
 __all__ = ["SharedPrioritizedSampler"]
 
@@ -42,7 +44,8 @@ class SharedPrioritizedSampler(PrioritizedSampler):
     """A :class:`~gpubuf.samplers.PrioritizedSampler` shared between processes.
 
     Same arguments, semantics and results as :class:`~gpubuf.samplers.PrioritizedSampler`;
-    the tree is on the CPU (``device`` other than ``"cpu"`` raises ``ValueError``).
+    the tree is on the CPU (``device`` other than ``"cpu"`` raises ``DeviceMismatchError``, a
+    ``ValueError``; a device that does not exist, ``InvalidDeviceError``).
 
     Args:
         max_capacity, alpha, beta, eps, dtype, reduction, max_priority_within_buffer: see
@@ -67,8 +70,8 @@ class SharedPrioritizedSampler(PrioritizedSampler):
         *,
         stratified: bool = False,
     ) -> None:
-        if device is not None and torch.device(device).type != "cpu":
-            raise ValueError(f"a SharedPrioritizedSampler keeps its tree on the CPU, got device={device}")
+        if device is not None and check_device(device).type != "cpu":
+            raise DeviceMismatchError(f"a SharedPrioritizedSampler keeps its tree on the CPU, got device={device}")
         super().__init__(
             max_capacity,
             alpha,

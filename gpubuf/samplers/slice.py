@@ -21,6 +21,7 @@ from gpubuf.errors import (
     BatchSizeError,
     EmptyBufferError,
     SliceArgumentError,
+    StateDictError,
     TrajectoryKeyError,
     TrajectoryLengthError,
     UnsupportedOptionError,
@@ -190,6 +191,10 @@ class SliceSampler(Sampler):
                 raise SliceArgumentError("To be used, `ends` or `trajectories` requires `cache_values` to be set to `True`.")
             if not isinstance(static, torch.Tensor) or static.ndim != 1 or static.numel() == 0:
                 raise SliceArgumentError("`ends` and `trajectories` must be non-empty 1-D tensors")
+            if static.dtype.is_floating_point or static.dtype.is_complex or (static is ends and static.dtype != torch.bool):
+                raise SliceArgumentError(
+                    f"`ends` must be a bool tensor and `trajectories` an integer one, got {static.dtype}"
+                )
         self.span = _span(span)
         self.num_slices = num_slices
         self.slice_len = slice_len
@@ -828,19 +833,48 @@ class SliceSampler(Sampler):
         """Restores :meth:`state_dict`'s boundaries (validated first; nothing changes on error).
 
         Raises:
-            ValueError: a state whose fields do not fit together.
+            StateDictError: a state whose fields do not fit together (a ``ValueError``).
         """
-        index_state = state_dict.get("index")
-        index = None if index_state is None else EpisodeIndex.from_state_dict(index_state, "cpu")
-        kind = state_dict.get("source_kind")
-        source = None
-        if kind is not None:
-            keys = [tuple(k) for k in state_dict["source_keys"]]
-            if kind not in ("traj", "end") or not keys:
-                raise ValueError(f"unknown trajectory boundary source {kind!r} in the sampler's state")
-            source = (kind, keys[0]) if kind == "traj" else (kind, tuple(keys))
-        pending = [torch.as_tensor(p) for p in state_dict.get("pending", [])]
-        last = state_dict.get("last")
+        self._install_slice_state(self._parse_slice_state(state_dict))
+
+    def _check_state_dict(self, state_dict: Any) -> None:
+        self._parse_slice_state(state_dict)
+
+    def _parse_slice_state(self, state_dict: Any) -> tuple:
+        """The boundaries of a :meth:`state_dict`, checked; changes nothing.
+
+        Raises:
+            StateDictError: anything that does not describe boundaries.
+        """
+        if not isinstance(state_dict, dict):
+            raise StateDictError(f"slice sampler state: expected a dict, got {type(state_dict).__name__}")
+        try:
+            index_state = state_dict.get("index")
+            if index_state is not None:
+                _check_index_state(index_state)
+            index = None if index_state is None else EpisodeIndex.from_state_dict(index_state, "cpu")
+            kind = state_dict.get("source_kind")
+            source = None
+            if kind is not None:
+                keys = [tuple(k) for k in state_dict["source_keys"]]
+                if kind not in ("traj", "end") or not keys:
+                    raise StateDictError(f"unknown trajectory boundary source {kind!r} in the sampler's state")
+                source = (kind, keys[0]) if kind == "traj" else (kind, tuple(keys))
+            pending = [torch.as_tensor(p) for p in state_dict.get("pending", [])]
+            if any(p.dtype.is_floating_point or p.ndim != 1 or p.device.type == "meta" for p in pending):
+                raise StateDictError("pending rows must be 1-D integer tensors")
+            last = state_dict.get("last")
+            last = None if last is None else torch.as_tensor(last).clone()
+            if last is not None and (last.device.type == "meta" or last.dtype.is_floating_point or last.dtype.is_complex):
+                raise StateDictError("the newest rows' marks (last) must be an integer or bool tensor with values")
+        except StateDictError as err:
+            raise StateDictError(f"slice sampler state: {err}") from None
+        except Exception as err:  # noqa: BLE001 - an edited state fails in many ways
+            raise StateDictError(f"slice sampler state does not describe boundaries: {type(err).__name__}: {err}") from None
+        return index, source, pending, last
+
+    def _install_slice_state(self, parsed: tuple) -> None:
+        index, source, pending, last = parsed
         if self._static is not None:
             if index is not None:
                 self._static = index
@@ -858,6 +892,28 @@ class SliceSampler(Sampler):
             f"end_key={self.end_key}, end_keys={self.end_keys}, traj_key={self.traj_key}, "
             f"truncated_key={self.truncated_key}, strict_length={self.strict_length}, pad_output={self.pad_output})"
         )
+
+
+def _check_index_state(state: Any) -> None:
+    """Refuses an episode index state whose sizes do not match its tensors (sizes that are
+    checked against the tensors given, so an edited size never allocates what it says)."""
+    if not isinstance(state, dict):
+        raise StateDictError(f"the episode index state must be a dict, got {type(state).__name__}")
+    sizes = [state.get(name) for name in ("capacity", "columns", "written")]
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in sizes):
+        raise StateDictError(f"episode index capacity, columns and written must be ints >= 0, got {sizes}")
+    capacity, columns, _ = sizes
+    for name, shape in (("start", (columns, capacity + 1)), ("stop", (columns, capacity + 1)),
+                        ("row_traj", (columns, capacity + 1)), ("head", (columns,)), ("tail", (columns,))):
+        value = state.get(name)
+        if (
+            not isinstance(value, torch.Tensor)
+            or tuple(value.shape) != shape
+            or value.device.type == "meta"
+            or value.dtype.is_floating_point
+            or value.dtype.is_complex
+        ):
+            raise StateDictError(f"episode index field {name!r} must be an integer tensor of shape {list(shape)}")
 
 
 class _TrajectoryCount:
@@ -986,9 +1042,15 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         state.update(SamplerWithoutReplacement.state_dict(self))
         return state
 
+    def _check_state_dict(self, state_dict: Any) -> None:
+        self._parse_slice_state(state_dict)
+        SamplerWithoutReplacement._check_state_dict(self, state_dict)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        SliceSampler.load_state_dict(self, state_dict)
+        parsed = self._parse_slice_state(state_dict)
+        SamplerWithoutReplacement._check_state_dict(self, state_dict)
         SamplerWithoutReplacement.load_state_dict(self, state_dict)
+        self._install_slice_state(parsed)
 
     def __repr__(self) -> str:
         return SliceSampler.__repr__(self)

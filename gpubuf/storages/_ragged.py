@@ -110,6 +110,11 @@ def item_count(data: Any) -> int:
     """The number of items in a batch: a list's length or the first batch dim."""
     if isinstance(data, (list, tuple)):
         return len(data)
+    if not isinstance(data, (torch.Tensor, TensorDictBase)) and not is_tensorclass(data):
+        raise UnsupportedDataError(
+            f"a packed storage holds TensorDicts, tensorclasses or tensors, got {type(data).__name__}: expected a batch "
+            "of them (a leading dim, or a list of items)"
+        )
     shape = data.shape if isinstance(data, torch.Tensor) else data.batch_size
     if len(shape) == 0:
         raise SchemaMismatchError("expected a batch with a leading dimension, got a single item; use add() for one item")

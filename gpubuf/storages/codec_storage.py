@@ -34,7 +34,10 @@ from gpubuf.errors import (
     DeviceMismatchError,
     EmptyBufferError,
     IndexOutOfRangeError,
+    InvalidArgumentError,
     SchemaMismatchError,
+    StateDictError,
+    StateDictKeyError,
 )
 from gpubuf.ops.decode_rows import RowTable, decode_rows
 from gpubuf.ops.zstd_rows import zstd_decode_rows, zstd_encode_rows
@@ -45,6 +48,19 @@ from gpubuf.storages.items import as_device, is_int, leading_size, stack_items
 __all__ = ["CompressedTensorStorage", "EncodedStorageBase"]
 
 _ENCODE_CHUNK_BYTES = 1 << 22  # input bytes per encode call, to bound temporaries
+
+
+def keys_argument(keys: Any, what: str) -> list:
+    """``keys`` (a list or tuple of keys, each a str or a tuple of str) as a list.
+
+    Raises:
+        InvalidArgumentError: anything else (a ``ValueError``).
+    """
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, (list, tuple)) or not all(
+        isinstance(k, str) or (isinstance(k, tuple) and all(isinstance(part, str) for part in k)) for k in keys
+    ):
+        raise InvalidArgumentError(f"{what} must be a list of keys (each a str or a tuple of str), got {keys!r}")
+    return list(keys)
 
 
 def _norm_key(key: Any) -> tuple:
@@ -84,8 +100,32 @@ def store_state(store: RowStore) -> dict[str, torch.Tensor]:
 
 
 def load_store_state(store: RowStore, saved: dict[str, torch.Tensor]) -> None:
-    """Restores :func:`store_state` into ``store`` (on the store's device)."""
+    """Restores :func:`store_state` into ``store`` (on the store's device).
+
+    Raises:
+        StateDictError: tables of another row count or dtype than the store's, or row extents
+            past the arena; the store is unchanged then.
+    """
     device = store.device
+    if not isinstance(saved, dict) or not all(isinstance(saved.get(k), torch.Tensor) for k in ("arena", "offsets", "lengths", "checksums")):
+        raise StateDictError("encoded rows state: expected the tensors arena, offsets, lengths and checksums")
+    tables = [("offsets", store.offsets), ("lengths", store.lengths), ("checksums", store.checksums)]
+    if store.refs is not None:
+        if not isinstance(saved.get("refs"), torch.Tensor):
+            raise StateDictError("encoded rows state: missing the refs tensor")
+        tables.append(("refs", store.refs))
+    for name, own in tables:
+        if saved[name].shape != own.shape or saved[name].dtype != own.dtype:
+            raise StateDictError(
+                f"encoded rows state: {name} is {saved[name].dtype}{list(saved[name].shape)}, expected "
+                f"{own.dtype}{list(own.shape)} (the state of a storage of another capacity or layout)"
+            )
+    arena = saved["arena"]
+    if arena.dtype != torch.uint8 or arena.ndim != 1:
+        raise StateDictError(f"encoded rows state: the arena must be a 1-D uint8 tensor, got {arena.dtype}{list(arena.shape)}")
+    ends = saved["offsets"].to(torch.int64) + saved["lengths"].to(torch.int64)
+    if ends.numel() and (bool((saved["offsets"] < 0).any()) or bool((saved["lengths"] < 0).any()) or int(ends.max()) > arena.numel()):
+        raise StateDictError("encoded rows state: row extents lie outside the arena")
     store.arena = saved["arena"].to(device).clone()
     store.used = store.arena.numel()
     store.offsets = saved["offsets"].to(device).clone()
@@ -236,6 +276,8 @@ class EncodedStorageBase(Storage):
         if isinstance(data, list):
             data = stack_items(data)
         if is_int(cursor):
+            if not -self.max_size <= int(cursor) < self.max_size:
+                raise IndexOutOfRangeError(f"cursor {int(cursor)} out of range for a storage of {self.max_size} rows")
             rows = torch.tensor([int(cursor)])
             n = None
         else:
@@ -346,25 +388,68 @@ class EncodedStorageBase(Storage):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restores what :meth:`state_dict` returned (onto this storage's device)."""
-        layout = state_dict["_layout"]
-        self._layout = None
-        self._plain = {}
-        self._encoded = []
-        self._len = 0
+        """Restores what :meth:`state_dict` returned (onto this storage's device), all or nothing.
+
+        The state is installed on fresh tensors and every stored row is then read back (decoded
+        and verified); if anything does not fit, the storage keeps its previous content.
+
+        Raises:
+            StateDictKeyError: a key of :meth:`state_dict` is missing.
+            StateDictError: a length that is not an int in ``[0, max_size]``, parts of the wrong
+                type, plain leaves of another shape or dtype than the layout's, or rows that do
+                not read back.
+            SchemaMismatchError: the state encodes other leaves than this storage would.
+        """
+        if not isinstance(state_dict, dict):
+            raise StateDictError(f"encoded storage state: expected a dict, got {type(state_dict).__name__}")
+        for key in ("_len", "_layout"):
+            if key not in state_dict:
+                raise StateDictKeyError(f"encoded storage state: missing key {key!r} (expected the keys of state_dict())")
+        layout, length = state_dict["_layout"], state_dict["_len"]
+        if not is_int(length) or not 0 <= int(length) <= self.max_size:
+            raise StateDictError(f"encoded storage state: _len must be an int in [0, {self.max_size}], got {length!r}")
+        length = int(length)
         if layout is None:
+            if length:
+                raise StateDictError(f"encoded storage state: _len is {length} but the state holds no layout (expected 0)")
+            self._layout, self._plain, self._encoded, self._len = None, {}, [], 0
             return
-        tensors = list(state_dict["plain"].values())
-        device = self.device if not self._auto_device else (tensors[0].device if tensors else torch.device("cpu"))
-        self._install(layout, torch.device(device))
-        if list(self._encoded) != list(state_dict["_encoded"]):
-            raise SchemaMismatchError(
-                f"the saved storage encodes leaves {state_dict['_encoded']}, this one would encode {self._encoded}"
-            )
-        for i, t in state_dict["plain"].items():
-            self._plain[int(i)].copy_(t)
-        self._load_encoded_state(state_dict["encoded"])
-        self._len = int(state_dict["_len"])
+        for key in ("_encoded", "plain", "encoded"):
+            if key not in state_dict:
+                raise StateDictKeyError(f"encoded storage state: missing key {key!r} (expected the keys of state_dict())")
+        plain = state_dict["plain"]
+        if not isinstance(layout, Layout) or not isinstance(plain, dict) or not isinstance(state_dict["_encoded"], (list, tuple)):
+            raise StateDictError("encoded storage state: _layout must be a Layout, plain a dict and _encoded a list")
+        for i, t in plain.items():
+            spec = layout.leaves[int(i)] if is_int(i) and 0 <= int(i) < len(layout.leaves) else None
+            if spec is None or not isinstance(t, torch.Tensor) or t.dtype != spec.dtype or tuple(t.shape) != (
+                self.max_size,
+                *spec.shape,
+            ):
+                raise StateDictError(
+                    f"encoded storage state: plain leaf {i!r} is not a tensor of the layout's dtype and shape [max_size="
+                    f"{self.max_size}, ...]"
+                )
+        previous = dict(self.__dict__)
+        try:
+            device = self.device if not self._auto_device else (next(iter(plain.values())).device if plain else torch.device("cpu"))
+            self._install(layout, torch.device(device))
+            if list(self._encoded) != list(state_dict["_encoded"]):
+                raise SchemaMismatchError(
+                    f"the saved storage encodes leaves {state_dict['_encoded']}, this one would encode {self._encoded}"
+                )
+            for i, t in plain.items():
+                self._plain[int(i)].copy_(t)
+            self._load_encoded_state(state_dict["encoded"])
+            self._len = length
+            if length:  # every stored row decodes and verifies
+                self._gather(torch.arange(length, device=self.device))
+        except Exception as err:  # noqa: BLE001 - the previous content comes back whatever failed
+            self.__dict__.clear()
+            self.__dict__.update(previous)
+            if isinstance(err, SchemaMismatchError):
+                raise
+            raise StateDictError(f"encoded storage state does not fit: {type(err).__name__}: {err}") from None
 
     # ------------------------------------------------------------------ misc
     def _empty(self) -> None:
@@ -417,8 +502,10 @@ class CompressedTensorStorage(EncodedStorageBase):
         verify: bool = True,
         compilable: bool = False,
     ) -> None:
+        if isinstance(min_row_bytes, bool) or not is_int(min_row_bytes) or int(min_row_bytes) < 0:
+            raise InvalidArgumentError(f"min_row_bytes must be an int >= 0, got {min_row_bytes!r}")
         super().__init__(max_size, device=device, verify=verify, compilable=compilable)
-        self.compress_keys = None if compress_keys is None else [_norm_key(k) for k in compress_keys]
+        self.compress_keys = None if compress_keys is None else [_norm_key(k) for k in keys_argument(compress_keys, "compress_keys")]
         self.min_row_bytes = int(min_row_bytes)
         self._stores: list[RowStore] = []
         self._codec = "zstd"  # or "rows" (the row codec); fixed when the stores are made

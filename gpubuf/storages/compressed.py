@@ -47,9 +47,11 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from gpubuf.errors import (
+    ComponentTypeError,
     CorruptRowError,
     DTypeMismatchError,
     IndexOutOfRangeError,
+    InvalidArgumentError,
     InvalidIndexError,
     SchemaMismatchError,
     StateDictError,
@@ -126,6 +128,7 @@ class CompressedListStorage(ListStorage):
         device: torch.device | str = "cpu",
         compilable: bool = False,
     ) -> None:
+        _check_compression(compression_level, compression_fn, decompression_fn)
         super().__init__(max_size, compilable=compilable, device=device)
         self.compression_level = compression_level
         self.compression_fn = self._default_compression_fn if compression_fn is None else compression_fn
@@ -220,6 +223,8 @@ class CompressedListStorage(ListStorage):
         return tensor.to(metadata["device"])
 
     def _compress_item(self, item: Any) -> tuple[Any, dict]:
+        if item is None:  # a None slot is an empty one here: it cannot be an item
+            raise UnsupportedDataError("None cannot be stored as an item: expected a tensor, TensorDict or other object")
         if isinstance(item, torch.Tensor):
             metadata = {"type": "tensor", "shape": item.shape, "dtype": item.dtype, "device": item.device}
             return self.compression_fn(item), metadata
@@ -323,8 +328,41 @@ class CompressedListStorage(ListStorage):
                 )
             size = max(size, position + 1)
         compressed = [self._compress_item(self._to_device(item)) for item in items]
+        self._check_structure(positions, [metadata for _, metadata in compressed])
         for position, (value, metadata) in zip(positions, compressed):
             self._place(position % len(self._storage) if position < 0 else position, value, metadata)
+
+    #: Whether TensorDict items must keep one structure (a TensorDict buffer, which stacks what it
+    #: samples, sets it); a plain buffer takes items of any structure and samples them as a list.
+    same_structure = False
+
+    def _check_structure(self, positions: list[int], metadata: list[dict]) -> None:
+        """With :attr:`same_structure`, TensorDict items keep one structure (batch size, keys,
+        dtypes, shapes), that of the items already stored (or of the batch's first)."""
+        if not self.same_structure:
+            return
+        size = len(self._storage)
+        replaced = {p + size if p < 0 else p for p in positions}
+        reference = next(
+            (m for i, m in enumerate(self._metadata) if m is not None and i not in replaced), metadata[0] if metadata else None
+        )
+        if reference is None or reference.get("type") != "tensordict":
+            return
+        expected = _structure(reference)
+        for i, meta in enumerate(metadata):
+            if _structure(meta) != expected:
+                raise SchemaMismatchError(
+                    f"item #{i} has another structure than the stored TensorDicts (batch size, keys, dtypes or shapes): "
+                    f"expected {expected}, got {_structure(meta)}"
+                )
+
+    def _check_items_structure(self, metadata: list) -> None:
+        """With :attr:`same_structure`, a state's TensorDict items share one structure, as written ones do."""
+        if self.same_structure and metadata and metadata[0].get("type") == "tensordict":
+            expected = _structure(metadata[0])
+            for i, meta in enumerate(metadata):
+                if _structure(meta) != expected:
+                    raise StateDictError(f"storage state: item {i} has another structure than item 0 (keys, dtypes, shapes)")
 
     def _place(self, cursor: int, compressed: Any, metadata: Any) -> None:
         if cursor == len(self._storage):
@@ -363,7 +401,7 @@ class CompressedListStorage(ListStorage):
             if not (isinstance(data, torch.Tensor) or isinstance(data, TensorDictBase)):
                 raise UnsupportedDataError(f"a {type(data).__name__} is not a batch of this storage's rows")
             if len(data) != len(positions):
-                raise ValueError(f"got {len(data)} items for {len(positions)} indices")
+                raise SchemaMismatchError(f"got {len(data)} items for {len(positions)} indices: expected one item per index")
         if not positions:
             return
         grown = size
@@ -393,6 +431,7 @@ class CompressedListStorage(ListStorage):
         skip = max(n - cap, 0)
         # Every item is compressed before the first one is stored: a refused batch stores nothing.
         compressed = [self._compress_item(self._to_device(item)) for item in items[skip:]]
+        self._check_structure([(start + skip + k) % cap for k in range(len(compressed))], [m for _, m in compressed])
         for k, (value, metadata) in enumerate(compressed):
             cursor = (start + skip + k) % cap
             while len(self._storage) < cursor:  # the kept items fill every slot: make room for them
@@ -561,9 +600,18 @@ class CompressedListStorage(ListStorage):
                 "a metadata dict per item (None for an unset slot)"
             )
         # Copies, so that the storage never shares memory with the caller's objects.
+        storage = [e.clone() if isinstance(e, torch.Tensor) else e for e in items]
+        metadata = deepcopy(list(metadata))
+        for i, (compressed, meta) in enumerate(zip(storage, metadata)):
+            try:  # every item decompresses: an edited state is refused now, not at a later read
+                self._decompress_item(compressed, meta)
+            except Exception as err:  # noqa: BLE001 - a compression function may raise anything
+                raise StateDictError(
+                    f"storage state: item {i} does not decompress with its metadata ({type(err).__name__}: {err})"
+                ) from None
+        self._check_items_structure(metadata)
         self._rows = None
-        self._storage = [e.clone() if isinstance(e, torch.Tensor) else e for e in state_dict["_storage"]]
-        self._metadata = deepcopy(state_dict["_metadata"])
+        self._storage, self._metadata = storage, metadata
 
     def rows_state(self) -> dict[str, Any] | None:
         """Rows mode's own state (for checkpoints), or None on the item path.
@@ -587,17 +635,27 @@ class CompressedListStorage(ListStorage):
         Raises:
             SchemaMismatchError: the state does not fit this storage (another capacity or layout).
         """
+        if not isinstance(state, dict) or not all(k in state for k in ("stack_keys", "key_interval", "len", "rows")):
+            raise StateDictKeyError("rows state: expected the keys stack_keys, key_interval, len and rows")
+        length, saved = state["len"], state["rows"]
+        if not is_int(length) or not 0 <= int(length) <= self.max_size:
+            raise StateDictError(f"rows state: len must be an int in [0, {self.max_size}], got {length!r}")
+        if not isinstance(saved, dict) or saved.get("_len") != int(length):
+            raise StateDictError(f"rows state: the rows hold {saved.get('_len') if isinstance(saved, dict) else None!r} rows, len says {length}")
         device = "cpu" if self.device is None else self.device
-        rows = _FrameRows(
-            self.max_size, stack_keys=[tuple(k) for k in state["stack_keys"]], key_interval=int(state["key_interval"]),
-            device=device,
-        )
-        saved = state["rows"]
-        refs = saved.get("encoded", {}).get("refs")
-        if refs is not None and refs.shape[1] != self.max_size:
-            raise SchemaMismatchError(f"the saved rows are for max_size={refs.shape[1]}, this storage has {self.max_size}")
-        rows.load_state_dict(saved)
-        rows._len = int(state["len"])
+        try:
+            rows = _FrameRows(
+                self.max_size, stack_keys=[tuple(k) for k in state["stack_keys"]], key_interval=state["key_interval"],
+                device=device,
+            )
+        except (TypeError, ValueError) as err:
+            raise StateDictError(f"rows state: {err}") from None
+        encoded = saved.get("encoded")
+        refs = encoded.get("refs") if isinstance(encoded, dict) else None
+        if isinstance(refs, torch.Tensor) and (refs.ndim < 2 or refs.shape[1] != self.max_size):
+            raise SchemaMismatchError(f"the saved rows are for another max_size than this storage's {self.max_size}")
+        rows.load_state_dict(saved)  # checked whole, every row read back
+        rows._len = int(length)
         self._rows = rows
         self._storage, self._metadata = [], []
 
@@ -657,6 +715,32 @@ class CompressedListStorage(ListStorage):
             f"{type(self).__name__}(items={len(self)}, max_size={self.max_size}, "
             f"compression_level={self.compression_level}, mode={self.mode})"
         )
+
+
+def _structure(metadata: dict) -> tuple:
+    """What stacked items share, read from an item's metadata."""
+    if metadata.get("type") != "tensordict":
+        return (metadata.get("type"),)
+    fields = tuple(
+        sorted((str(key), f.get("type"), tuple(f.get("shape", ())), str(f.get("dtype"))) for key, f in metadata["fields"].items())
+    )
+    return ("tensordict", tuple(metadata.get("batch_size", ())), fields)
+
+
+def _check_compression(level: Any, compression_fn: Any, decompression_fn: Any) -> None:
+    """Refuses at construction what the first write would: a level the default codec does not
+    take (zlib's -1 to 9; zstd's -131072 to 22), functions that are not callable.
+
+    Raises:
+        InvalidArgumentError: the level (a ``ValueError``).
+        ComponentTypeError: a function that is not callable (a ``TypeError``).
+    """
+    low, high = (-131072, 22) if sys.version_info >= (3, 14) else (-1, 9)
+    if not is_int(level) or not low <= int(level) <= high:
+        raise InvalidArgumentError(f"compression_level must be an int in [{low}, {high}], got {level!r}")
+    for name, fn in (("compression_fn", compression_fn), ("decompression_fn", decompression_fn)):
+        if fn is not None and not callable(fn):
+            raise ComponentTypeError(f"{name} must be callable or None, got {type(fn).__name__}")
 
 
 def _unbound(data: Any) -> list:

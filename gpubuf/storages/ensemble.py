@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from gpubuf._ensemble import member_positions, rng_to_members
-from gpubuf.errors import ImmutableStorageError
+from gpubuf.errors import ComponentTypeError, ImmutableStorageError
 from gpubuf.storages.base import Storage
 
 __all__ = ["StorageEnsemble"]
@@ -28,15 +28,19 @@ class StorageEnsemble(Storage):
         transforms: one transform (or None) per storage, applied to that storage's data on read.
 
     Raises:
-        TypeError: ``transforms`` of another length than ``storages``.
+        ComponentTypeError: a member that is not a storage, or ``transforms`` of another length
+            than ``storages`` (a ``TypeError``).
     """
 
     def __init__(self, *storages: Storage, transforms: Sequence[Callable | None] | None = None) -> None:
         # Set before Storage.__init__, whose ``self._rng = None`` goes through the property below.
+        for i, storage in enumerate(storages):
+            if not isinstance(storage, Storage):
+                raise ComponentTypeError(f"StorageEnsemble member #{i} is a {type(storage).__name__}: expected a Storage")
+        if transforms is not None and (not hasattr(transforms, "__len__") or len(transforms) != len(storages)):
+            raise ComponentTypeError("transforms must have the same length as the storages provided.")
         self._storages = tuple(storages)
         self._rng_private = None
-        if transforms is not None and len(transforms) != len(storages):
-            raise TypeError("transforms must have the same length as the storages provided.")
         self._transforms = list(transforms) if transforms is not None else None
         super().__init__(max_size=max(1, sum(storage.max_size for storage in storages)))
 

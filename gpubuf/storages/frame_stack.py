@@ -31,11 +31,12 @@ from gpubuf.ops.encode_rows import encode_planes_at
 from gpubuf.codec.format import RowGeometry
 from gpubuf.ops.match_frames import match_frames
 from gpubuf.storages._row_store import RowStore
-from gpubuf.errors import SchemaMismatchError
+from gpubuf.errors import InvalidArgumentError, SchemaMismatchError, StateDictError
 from gpubuf.ops._dispatch import kernel_module, resolve
 from gpubuf.ops.decode_rows import decode_rows, empty_output
 from gpubuf.storages._layout import Layout
-from gpubuf.storages.codec_storage import EncodedStorageBase, _norm_key, encode_rows, load_store_state, store_state
+from gpubuf.storages.items import is_int
+from gpubuf.storages.codec_storage import EncodedStorageBase, _norm_key, encode_rows, keys_argument, load_store_state, store_state
 
 __all__ = ["FrameStackStorage"]
 
@@ -118,8 +119,8 @@ class FrameStackStorage(EncodedStorageBase):
     ) -> None:
         super().__init__(max_size, device=device, verify=verify, compilable=compilable)
         if isinstance(key_interval, bool) or not isinstance(key_interval, int) or key_interval < 1:
-            raise ValueError(f"key_interval must be a positive int, got {key_interval!r}")
-        self.stack_keys = None if stack_keys is None else [_norm_key(k) for k in stack_keys]
+            raise InvalidArgumentError(f"key_interval must be a positive int, got {key_interval!r}")
+        self.stack_keys = None if stack_keys is None else [_norm_key(k) for k in keys_argument(stack_keys, "stack_keys")]
         self.key_interval = key_interval
         self._tail: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (slot, frame ids [J, S], bytes [J, S, FB])
         self._scratch: list[torch.Tensor] | None = None  # reused copies of the batch for matching
@@ -391,8 +392,17 @@ class FrameStackStorage(EncodedStorageBase):
         }
 
     def _load_encoded_state(self, state: dict[str, Any]) -> None:
+        n, refs, age = state["n_frames"], state["refs"], state["age"]
+        if not is_int(n) or not 0 <= int(n) <= self._frames.rows:
+            raise StateDictError(f"frame state: n_frames must be an int in [0, {self._frames.rows}], got {n!r}")
+        if not isinstance(refs, torch.Tensor) or refs.shape != self._refs.shape or refs.dtype.is_floating_point:
+            raise StateDictError(f"frame state: refs must be an integer tensor of shape {list(self._refs.shape)}")
+        if not isinstance(age, torch.Tensor) or age.shape != (int(n),):
+            raise StateDictError(f"frame state: age must be a tensor of {int(n)} entries")
+        if refs.numel() and int(refs.max()) >= self._frames.rows:
+            raise StateDictError(f"frame state: refs name frames past the {self._frames.rows} frame slots")
         load_store_state(self._frames, state["frames"])
-        n = int(state["n_frames"])
+        n = int(n)
         self._age = torch.zeros(self._frames.rows, dtype=torch.int32, device=self._refs.device)
         self._age[:n] = state["age"].to(self._age.device)
         self._n_frames = n

@@ -15,7 +15,7 @@ from gpubuf.errors import (
     StateDictKeyError,
     UnsupportedDataError,
 )
-from gpubuf.storages.base import Storage, check_max_size
+from gpubuf.storages.base import Storage, check_device, check_max_size
 from gpubuf.storages.items import is_int
 
 _UNBOUNDED = torch.iinfo(torch.int64).max
@@ -38,7 +38,8 @@ class ListStorage(Storage):
     def __init__(self, max_size: int | None = None, *, compilable: bool = False, device: Any = None) -> None:
         super().__init__(_UNBOUNDED if max_size is None else check_max_size(max_size), compilable=compilable)
         self._storage: list = []
-        self.device = device
+        # A device that does not exist here is refused now, not at the first write.
+        self.device = None if device is None else check_device(device)
 
     def _to_device(self, data: Any) -> Any:
         if self.device is not None and hasattr(data, "to"):

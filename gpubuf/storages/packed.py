@@ -27,10 +27,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpubuf.errors import EmptyBufferError, IndexOutOfRangeError, SchemaMismatchError
+from gpubuf.errors import (
+    EmptyBufferError,
+    GpubufError,
+    IndexOutOfRangeError,
+    SchemaMismatchError,
+    StateDictError,
+    StateDictKeyError,
+    WritePositionError,
+)
 from gpubuf.ops.gather_packed import gather_packed_trusted
 from gpubuf.storages._ragged import Columns, RaggedSchema, item_count, jagged_many
-from gpubuf.storages.base import Storage, check_max_size
+from gpubuf.storages.base import Storage, check_device, check_max_size
 from gpubuf.storages.items import is_int
 
 __all__ = ["PackedStorage"]
@@ -101,7 +109,7 @@ class PackedStorage(Storage):
 
     def __init__(self, max_size: int | None = None, *, device: Any = None, compilable: bool = False) -> None:
         super().__init__(_UNBOUNDED if max_size is None else check_max_size(max_size), compilable=compilable)
-        self.device = None if device in (None, "auto") else torch.device(device)
+        self.device = None if device in (None, "auto") else check_device(device)
         self._schema: RaggedSchema | None = None
         self._groups: list[_Group] = []
         self._objects: list[list] = []
@@ -162,7 +170,18 @@ class PackedStorage(Storage):
             In every case nothing is written.
         """
         if is_int(cursor):
-            self._write(torch.tensor([int(cursor)]), data, batched=False)
+            slot = int(cursor)
+            if not 0 <= slot < min(self.max_size, self._len + 1):
+                raise IndexOutOfRangeError(
+                    f"cannot write at {slot}: slots lie in [0, {min(self.max_size, self._len + 1)}) (the storage holds "
+                    f"{self._len} items and grows one item at a time)"
+                )
+            if not set_cursor and slot >= self._len:
+                raise WritePositionError(
+                    f"cannot set item {slot}: the storage holds {self._len} items (expected an index below {self._len}; "
+                    "new items are added with add or extend, which move the write cursor)"
+                )
+            self._write(torch.tensor([slot]), data, batched=False)
             return
         if isinstance(cursor, slice):
             cursor = range(self.max_size if self.max_size != _UNBOUNDED else self._len + item_count(data))[cursor]
@@ -173,6 +192,11 @@ class PackedStorage(Storage):
             slots = torch.as_tensor(np.asarray(cursor), dtype=torch.int64).reshape(-1)
         if slots.numel() != item_count(data):
             raise SchemaMismatchError(f"got {item_count(data)} items for {slots.numel()} slots")
+        if not set_cursor and slots.numel() and int(slots.max()) >= self._len:
+            raise WritePositionError(
+                f"cannot set item {int(slots.max())}: the storage holds {self._len} items (expected indices below "
+                f"{self._len}; new items are added with add or extend, which move the write cursor)"
+            )
         self._write(slots, data, batched=True)
 
     def _check_slots(self, slots: torch.Tensor) -> int:
@@ -461,30 +485,65 @@ class PackedStorage(Storage):
         """Restores the rows of :meth:`state_dict`, copied to this storage's device.
 
         Raises:
-            IndexOutOfRangeError: more rows than ``max_size``.
-            SchemaMismatchError: offsets that do not describe the values, or a schema that does
-                not fit them. The storage is unchanged then.
+            StateDictKeyError: a key of :meth:`state_dict` is missing.
+            StateDictError: a length that is not an int in ``[0, max_size]``, a schema that cannot
+                be read, offsets or values that do not describe the rows (dtypes, shapes, offsets
+                not rising from 0), object columns of another length, or rows that do not read
+                back. The storage is unchanged then.
         """
-        described = state_dict["_schema"]
-        n = int(state_dict["_len"])
+        if not isinstance(state_dict, dict):
+            raise StateDictError(f"packed storage state: expected a dict, got {type(state_dict).__name__}")
+        for key in ("_len", "_schema", "_values", "_offsets", "_objects"):
+            if key not in state_dict:
+                raise StateDictKeyError(f"packed storage state: missing key {key!r} (expected the keys of state_dict())")
+        described, n = state_dict["_schema"], state_dict["_len"]
+        if not is_int(n) or not 0 <= int(n) <= self.max_size:
+            raise StateDictError(f"packed storage state: _len must be an int in [0, {self.max_size}], got {n!r}")
+        n = int(n)
         if described is None:
+            if n:
+                raise StateDictError(f"packed storage state: _len is {n} but the state has no schema (expected 0)")
             self._schema, self._groups, self._objects, self._len = None, [], [], 0
             return
-        schema = RaggedSchema.from_description(described)
-        if n > self.max_size:
-            raise IndexOutOfRangeError(f"the state holds {n} items, more than max_size={self.max_size}")
-        entries = list(zip(state_dict["_values"], state_dict["_offsets"]))
-        objects = [list(column) for column in state_dict["_objects"]]
-        if len(entries) != len(schema.leaves) or len(objects) != len(schema.object_keys):
-            raise SchemaMismatchError("the state's leaves do not match its schema")
-        device = self.device or (entries[0][0].device if entries else torch.device("cpu"))
+        try:
+            schema = RaggedSchema.from_description(described)
+        except GpubufError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a description edited in any way
+            raise StateDictError(f"packed storage state: the schema cannot be read ({type(err).__name__}: {err})") from None
+        values_in, offsets_in, objects_in = state_dict["_values"], state_dict["_offsets"], state_dict["_objects"]
+        if not all(isinstance(v, (list, tuple)) for v in (values_in, offsets_in, objects_in)):
+            raise StateDictError("packed storage state: _values, _offsets and _objects must be lists")
+        entries = list(zip(values_in, offsets_in))
+        if not all(isinstance(column, (list, tuple)) and len(column) == n for column in objects_in):
+            raise StateDictError(f"packed storage state: each object column must hold {n} objects")
+        objects = [list(column) for column in objects_in]
+        if len(values_in) != len(schema.leaves) or len(offsets_in) != len(schema.leaves) or len(objects) != len(
+            schema.object_keys
+        ):
+            raise StateDictError("packed storage state: the state's leaves do not match its schema")
+        device = self.device or (entries[0][0].device if entries and isinstance(entries[0][0], torch.Tensor) else torch.device("cpu"))
         groups: list[tuple[torch.Tensor, _Group]] = []
         for pos, (leaf_values, leaf_offsets) in enumerate(entries):
             leaf = schema.leaves[pos]
-            offsets = torch.as_tensor(leaf_offsets).to(device, torch.int64)
-            values = torch.as_tensor(leaf_values).to(device).clone()
-            if offsets.shape != (n + 1,) or int(offsets[-1]) != values.shape[0] or values.shape[1:] != leaf.trail:
-                raise SchemaMismatchError(f"leaf {leaf.key!r}: offsets and values do not describe {n} rows")
+            if not isinstance(leaf_values, torch.Tensor) or not isinstance(leaf_offsets, torch.Tensor):
+                raise StateDictError(f"packed storage state: leaf {leaf.key!r}: values and offsets must be tensors")
+            if leaf_values.dtype != leaf.dtype or leaf_offsets.dtype.is_floating_point or leaf_offsets.dtype == torch.bool:
+                raise StateDictError(
+                    f"packed storage state: leaf {leaf.key!r}: values of dtype {leaf_values.dtype} (the schema says "
+                    f"{leaf.dtype}) with offsets of dtype {leaf_offsets.dtype} (expected integers)"
+                )
+            offsets = leaf_offsets.to(device, torch.int64)
+            values = leaf_values.to(device).clone()
+            if (
+                offsets.shape != (n + 1,)
+                or int(offsets[0]) != 0
+                or bool((offsets.diff() < 0).any())
+                or int(offsets[-1]) != values.shape[0]
+                or values.shape[1:] != leaf.trail
+                or (leaf.scalar and bool((offsets.diff() != 1).any()))
+            ):
+                raise StateDictError(f"packed storage state: leaf {leaf.key!r}: offsets and values do not describe {n} rows")
             for group_offsets, group in groups:
                 if torch.equal(group_offsets, offsets):
                     group.leaves.append(pos)
@@ -493,11 +552,18 @@ class PackedStorage(Storage):
             else:
                 group = _Group([pos], [values], offsets[:-1].clone(), offsets.diff(), values.shape[0])
                 groups.append((offsets, group))
+        previous = (self._schema, self.device, self._groups, self._objects, self._len)
         self._schema = schema
         self.device = device
         self._groups = [group for _, group in groups]
         self._objects = objects
         self._len = n
+        try:  # every row reads back into the schema's container (keys, kinds): else nothing is loaded
+            if n:
+                self._read_rows(torch.arange(n, device=device))
+        except Exception as err:  # noqa: BLE001 - any failure of an edited state
+            self._schema, self.device, self._groups, self._objects, self._len = previous
+            raise StateDictError(f"packed storage state: its rows do not read back ({type(err).__name__}: {err})") from None
 
     def __repr__(self) -> str:
         return (

@@ -23,12 +23,13 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from gpubuf.errors import DeviceMismatchError, EmptyBufferError, IndexOutOfRangeError
+from gpubuf.errors import EmptyBufferError, IndexOutOfRangeError, InvalidArgumentError, StateDictError
 from gpubuf.ops.gather_rows import gather_rows_trusted
 from gpubuf.storages._layout import Layout
 from gpubuf.storages._memmap_files import ram_available
-from gpubuf.storages.base import Storage, check_max_size
+from gpubuf.storages.base import Storage, check_device, check_max_size
 from gpubuf.storages.memmap import LazyMemmapStorage
+from gpubuf.storages.tensor import _check_state
 from gpubuf.storages.items import is_int, leading_size, stack_items
 
 __all__ = ["SpillStorage"]
@@ -73,8 +74,8 @@ class SpillStorage(Storage):
 
     Raises:
         CapacityError: ``max_size`` is not a positive int.
-        ValueError: a negative ``device_budget``.
-        DeviceMismatchError: a CUDA device on a machine without CUDA.
+        InvalidArgumentError: a ``device_budget`` that is not an int >= 0 (a ``ValueError``).
+        InvalidDeviceError: a malformed device, or a CUDA device on a machine without CUDA.
 
     Examples:
         >>> storage = SpillStorage(1_000, device="cpu", device_budget=100 * 16)
@@ -100,12 +101,10 @@ class SpillStorage(Storage):
         super().__init__(check_max_size(max_size), compilable=compilable)
         if device_budget is not None:
             if isinstance(device_budget, bool) or not isinstance(device_budget, (int, np.integer)) or device_budget < 0:
-                raise ValueError(f"device_budget must be a number of bytes >= 0, got {device_budget!r}")
+                raise InvalidArgumentError(f"device_budget must be a number of bytes >= 0 (an int), got {device_budget!r}")
             device_budget = int(device_budget)
-        device = _default_device() if device in (None, "auto") else torch.device(device)
+        device = _default_device() if device in (None, "auto") else check_device(device, "SpillStorage's device")
         if device.type == "cuda":
-            if not torch.cuda.is_available():
-                raise DeviceMismatchError(f"SpillStorage's device is {device} but CUDA is not available here")
             if device.index is None:
                 device = torch.device("cuda", torch.cuda.current_device())
         self.device = device
@@ -263,6 +262,8 @@ class SpillStorage(Storage):
         """``(rows, leading)`` of a ``set`` cursor: rows normalised into ``[0, max_size)``."""
         cap = self.max_size
         if is_int(cursor):
+            if not -cap <= int(cursor) < cap:
+                raise IndexOutOfRangeError(f"cursor {int(cursor)} is out of range for a storage of {cap} rows")
             rows, lead = torch.tensor([int(cursor)]), []
         elif isinstance(cursor, slice):
             rows = torch.arange(cap)[cursor]
@@ -433,16 +434,23 @@ class SpillStorage(Storage):
         return {"_storage": self._storage, "initialized": self.initialized, "_len": self._len}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Writes a state dict's rows into the tiers (created as needed) and sets the length."""
-        data = state_dict["_storage"]
+        """Writes a state dict's rows into the tiers (created as needed) and sets the length.
+
+        Raises:
+            StateDictKeyError: ``_storage`` or ``_len`` missing.
+            StateDictError: a length that is not an int in ``[0, rows held]``, data that is not
+                tensors, or another number of rows than the capacity. Nothing changes then.
+            SchemaMismatchError, DTypeMismatchError: rows of another layout than the stored ones.
+        """
+        data, length = _check_state(state_dict, self.ndim)
         if data is None:
             self._len = 0
             return
         if leading_size(data) != self.max_size:
-            raise IndexOutOfRangeError(
-                f"the state dict holds {leading_size(data)} rows, this storage's capacity is {self.max_size}"
+            raise StateDictError(
+                f"the state dict holds {leading_size(data)} rows, this storage's capacity is {self.max_size} (expected "
+                "the state of a storage of the same capacity)"
             )
-        length = int(state_dict["_len"])
         self._write_rows(0, data)
         self._len = length
 

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase, is_tensorclass, lazy_stack
 
-from gpubuf.errors import SchemaMismatchError, UnsupportedDataError
+from gpubuf.errors import InvalidArgumentError, SchemaMismatchError, UnsupportedDataError
 from gpubuf.storages._layout import is_tensor_collection
 from gpubuf.storages.list import ListStorage
 from gpubuf.storages.packed import PackedStorage
@@ -16,13 +16,15 @@ __all__ = ["LazyStackStorage"]
 
 
 def _family(item: Any) -> tuple:
-    """What items must share to be stacked together: container kind (tensorclass type) and batch dims."""
+    """What items must share to be stacked together: container kind (tensorclass type) and batch
+    dims; for tensors, their dtype and number of dims (tensors of another dtype stack neither
+    densely nor as a jagged tensor)."""
     if is_tensorclass(item):
         return ("tensorclass", type(item), item.batch_dims)
     if isinstance(item, TensorDictBase):
         return ("tensordict", None, item.batch_dims)
     if isinstance(item, torch.Tensor):
-        return ("tensor", None, item.ndim)
+        return ("tensor", item.dtype, item.ndim)
     return ("object", None, None)
 
 
@@ -30,8 +32,10 @@ def _describe(family: tuple) -> str:
     kind, cls, ndim = family
     if kind == "object":
         return "Python objects"
-    name = cls.__name__ if cls is not None else ("TensorDicts" if kind == "tensordict" else "tensors")
-    return f"{name} with {ndim} batch dim(s)" if kind != "tensor" else f"{ndim}-d tensors"
+    if kind == "tensor":
+        return f"{ndim}-d {cls} tensors"
+    name = cls.__name__ if cls is not None else "TensorDicts"
+    return f"{name} with {ndim} batch dim(s)"
 
 
 class LazyStackStorage(ListStorage):
@@ -61,7 +65,8 @@ class LazyStackStorage(ListStorage):
 
     Raises:
         CapacityError: ``max_size`` is not a positive int.
-        ValueError: ``densify=True`` with a ``stack_dim`` other than 0 or -1.
+        InvalidArgumentError: ``stack_dim`` not an int, or ``densify=True`` with a ``stack_dim``
+            other than 0 or -1 (a ``ValueError``).
 
     Examples:
         >>> rb = ReplayBuffer(storage=LazyStackStorage(max_size=1000, stack_dim=-1))
@@ -79,13 +84,15 @@ class LazyStackStorage(ListStorage):
         device: Any = None,
         densify: bool = False,
     ) -> None:
+        if isinstance(stack_dim, bool) or not isinstance(stack_dim, int):
+            raise InvalidArgumentError(f"stack_dim must be an int, got {stack_dim!r}")
         super().__init__(max_size=max_size, compilable=compilable, device=device)
         self.stack_dim = stack_dim
         self.densify = bool(densify)
         self._packed: PackedStorage | None = None
         if self.densify:
             if stack_dim not in (0, -1):
-                raise ValueError(
+                raise InvalidArgumentError(
                     f"densify=True stacks items of an empty batch size along dim 0; stack_dim={stack_dim} cannot apply"
                 )
             self._packed = PackedStorage(None if max_size is None else self.max_size, device=device, compilable=compilable)

@@ -9,7 +9,7 @@ import torch
 
 from gpubuf._ensemble import rng_to_members
 from gpubuf.writers.base import Writer
-from gpubuf.errors import ImmutableStorageError
+from gpubuf.errors import ArgumentConflictError, ComponentTypeError, ImmutableStorageError
 
 __all__ = ["WriterEnsemble"]
 
@@ -26,6 +26,9 @@ class WriterEnsemble(Writer):
 
     def __init__(self, *writers: Writer) -> None:
         # Writer.__init__ is not called: its counters are the members'.
+        for i, writer in enumerate(writers):
+            if not isinstance(writer, Writer):
+                raise ComponentTypeError(f"WriterEnsemble member #{i} is a {type(writer).__name__}: expected a Writer")
         self._writers = tuple(writers)
         self._storage = None
         self._cursor = 0
@@ -41,9 +44,9 @@ class WriterEnsemble(Writer):
     def register_storage(self, storage: Any) -> None:
         members = getattr(storage, "_storages", None)
         if members is None:
-            raise TypeError("WriterEnsemble requires a StorageEnsemble.")
+            raise ComponentTypeError("WriterEnsemble requires a StorageEnsemble.")
         if len(members) != len(self._writers):
-            raise ValueError("WriterEnsemble and StorageEnsemble must have the same number of members.")
+            raise ArgumentConflictError("WriterEnsemble and StorageEnsemble must have the same number of members.")
         self._storage = storage
         for writer, member in zip(self._writers, members):
             writer.register_storage(member)

@@ -20,6 +20,16 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from tensordict import TensorDict
 
 from gpubuf import (
+    CompressedListStorage,
+    CompressedTensorStorage,
+    LazyStackStorage,
+    PackedStorage,
+    PrioritizedSliceSampler,
+    ReplayBufferEnsemble,
+    SharedPrioritizedSampler,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+    SpillStorage,
     LazyMemmapStorage,
     LazyTensorStorage,
     ListStorage,
@@ -252,9 +262,80 @@ class MemmapBuffer(HostileUser):
         return ReplayBuffer(storage=LazyMemmapStorage(CAPACITY))
 
 
+class StackBuffer(HostileUser):
+    def make(self):
+        return ReplayBuffer(storage=LazyStackStorage(CAPACITY))
+
+
+class StackTensorDictBuffer(HostileUser):
+    kind = "td"
+
+    def make(self):
+        return TensorDictReplayBuffer(storage=LazyStackStorage(CAPACITY))
+
+
+class PackedBuffer(HostileUser):
+    kind = "td"
+
+    def make(self):
+        return TensorDictReplayBuffer(storage=PackedStorage(CAPACITY))
+
+
+class SpillBuffer(HostileUser):
+    def make(self):
+        # 3 rows on the device tier, the rest in the memmap tier.
+        return ReplayBuffer(storage=SpillStorage(CAPACITY, device="cpu", device_budget=36))
+
+
+class CompressedListBuffer(HostileUser):
+    kind = "td"
+
+    def make(self):
+        return TensorDictReplayBuffer(storage=CompressedListStorage(CAPACITY))
+
+
+class CompressedTensorBuffer(HostileUser):
+    def make(self):
+        return ReplayBuffer(storage=CompressedTensorStorage(CAPACITY, min_row_bytes=1))
+
+
+class SharedPrioritizedBuffer(HostileUser):
+    def make(self):
+        return ReplayBuffer(storage=LazyTensorStorage(CAPACITY), sampler=SharedPrioritizedSampler(CAPACITY, 0.7, 0.5))
+
+
+def valid_episodes(n):
+    """Steps of episodes of 3 steps: an id and a done flag, for the slice samplers."""
+    i = torch.arange(n)
+    return TensorDict({"obs": i.float(), "episode": i // 3, ("next", "done"): (i % 3 == 2).unsqueeze(-1)}, [n])
+
+
+class SliceBuffer(HostileUser):
+    kind = "td"
+    sampler = staticmethod(lambda: SliceSampler(num_slices=2, traj_key="episode", strict_length=False))
+
+    def valid(self, n):
+        return valid_episodes(n)
+
+    def make(self):
+        return TensorDictReplayBuffer(storage=LazyTensorStorage(CAPACITY), sampler=self.sampler())
+
+
+class SliceWithoutReplacementBuffer(SliceBuffer):
+    sampler = staticmethod(lambda: SliceSamplerWithoutReplacement(num_slices=2, end_key=("next", "done"), strict_length=False))
+
+
+class PrioritizedSliceBuffer(SliceBuffer):
+    sampler = staticmethod(
+        lambda: PrioritizedSliceSampler(CAPACITY, 0.7, 0.5, num_slices=2, traj_key="episode", strict_length=False)
+    )
+
+
 MACHINES = [
     TensorBuffer, ListBuffer, PrioritizedBuffer, PrioritizedListBuffer, WithoutReplacementBuffer, TensorDictBuffer,
-    TensorDictPrioritizedBuffer, MemmapBuffer,
+    TensorDictPrioritizedBuffer, MemmapBuffer, StackBuffer, StackTensorDictBuffer, PackedBuffer, SpillBuffer,
+    CompressedListBuffer, CompressedTensorBuffer, SharedPrioritizedBuffer, SliceBuffer, SliceWithoutReplacementBuffer,
+    PrioritizedSliceBuffer,
 ]
 _HEALTH = [HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large]
 FAST = settings(max_examples=25, stateful_step_count=15, deadline=None, suppress_health_check=_HEALTH,
