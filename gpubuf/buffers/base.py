@@ -366,6 +366,14 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
         return self._extend(data)
 
+    def _check_extend(self, data: Any) -> None:
+        """The checks ``extend`` makes before it writes, on data already through the inverse
+        transforms. Raises what ``extend`` raises; changes nothing."""
+        self._check_item(data, "extend")
+        check_dim_extend(self._dim_extend, data)
+        self._sampler._check_new_items()
+        self._storage._check_rows(self._transpose(data))
+
     def _extend(self, data: Any) -> torch.Tensor:
         self._check_item(data, "extend")
         check_dim_extend(self._dim_extend, data)

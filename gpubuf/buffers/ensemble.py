@@ -186,6 +186,8 @@ class ReplayBufferEnsemble(ReplayBuffer):
             SchemaMismatchError: ids of another shape than the records', or a routing dim whose
                 size is not the member count (a ``ValueError``).
             InvalidArgumentError: ids out of range (a ``ValueError``).
+            Every error of a member's ``extend`` for its part. Each member checks its part before
+            any member writes, so in every case no member changes.
         """
         if self.routing_key is None and self.routing_dim is None:
             raise ImmutableStorageError("a ReplayBufferEnsemble is written through its members: ensemble[i].extend(...)")
@@ -193,11 +195,18 @@ class ReplayBufferEnsemble(ReplayBuffer):
             raise UnsupportedOptionError("update_priority is not supported by routed ensemble writes.")
         flat, buffer_ids = self._routing(data)
         local = torch.empty(buffer_ids.numel(), dtype=torch.long, device=buffer_ids.device)
+        parts = []
+        for member_id, member in enumerate(self._rbs):
+            positions = (buffer_ids == member_id).nonzero().flatten()
+            if positions.numel():
+                part = flat[positions]
+                # Every member checks its part before any member writes: a part that one member
+                # refuses leaves all of them as they were.
+                member._check_extend(member._transform.inv(part) if len(member._transform) else part)
+                parts.append((positions, member, part))
         with self._lock:
-            for member_id, member in enumerate(self._rbs):
-                positions = (buffer_ids == member_id).nonzero().flatten()
-                if positions.numel():
-                    local[positions] = torch.as_tensor(member.extend(flat[positions])).reshape(-1).to(local.device)
+            for positions, member, part in parts:
+                local[positions] = torch.as_tensor(member.extend(part)).reshape(-1).to(local.device)
         return TensorDict({"buffer_ids": buffer_ids, "index": local}, batch_size=[buffer_ids.numel()])
 
     def _routing(self, data: Any) -> tuple[Any, torch.Tensor]:

@@ -71,6 +71,15 @@ class TensorDictReplayBuffer(ReplayBuffer):
                 self.update_priority(index, self._reduce_priority(priority, tensordicts))
         return index
 
+    def _check_extend(self, data: Any) -> None:
+        if not isinstance(data, TensorDictBase):
+            raise UnsupportedDataError(
+                f"{type(self).__name__}.extend takes a TensorDict, got {type(data).__name__}; "
+                "use ReplayBuffer for tensorclasses and other data"
+            )
+        self._check_item_priority(data)
+        super()._check_extend(data)
+
     def add(self, data: TensorDictBase) -> int:
         if len(self._transform):
             data = self._transform.inv(data)

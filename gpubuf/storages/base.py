@@ -157,6 +157,11 @@ class Storage:
             cursor.write_count += n
         return start
 
+    def _check_rows(self, data: Any) -> None:
+        """Raises what writing the batch ``data`` would raise (schema, dtype, device), writing
+        nothing. The default checks nothing: a storage that refuses batches says so here.
+        """
+
     def _write_rows(self, start: int, data: Any) -> int:
         """Writes a batch at dim-0 rows ``start, start+1, ...``, wrapping round the capacity.
 

@@ -257,6 +257,11 @@ class TensorStorage(Storage):
         self._len = min(self._len + n * self._rest_numel, self.max_size)
         return n
 
+    def _check_rows(self, data: Any) -> None:
+        if isinstance(data, list):
+            data = stack_items(data)
+        self._prepare(data, [leading_size(data)])
+
     def _batch_rows(self, start: int, data: Any) -> tuple[int, list[torch.Tensor], int, int, int]:
         """Prepares a batch for :meth:`_write_rows` at dim-0 rows ``start, start+1, ...``.
 

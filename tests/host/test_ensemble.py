@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+
+import gpubuf
 from tensordict import TensorDict
 
 from gpubuf import LazyTensorStorage, ListStorage, ReplayBuffer, TensorDictReplayBuffer
@@ -187,3 +189,19 @@ def test_empty_member_drawn():
     rb = ReplayBufferEnsemble(*members, sample_from_all=True)
     with pytest.raises(EmptyBufferError, match="member 1"):
         rb.sample(4)
+
+
+@pytest.mark.parametrize("refusing_member", [0, 1])
+def test_routed_write_refused_by_one_member_leaves_every_member_unchanged(refusing_member):
+    members = [gpubuf.TensorDictReplayBuffer(storage=gpubuf.LazyTensorStorage(8)) for _ in range(2)]
+    # One member already holds rows of another schema, so it refuses its part of the batch.
+    members[refusing_member].extend(TensorDict({"obs": torch.ones(3, 2), "member": torch.zeros(3, dtype=torch.long)}, [3]))
+    rb = gpubuf.ReplayBufferEnsemble(*members, routing_key="member")
+    before = [(len(m), m._writer._cursor, m._writer._write_count, m[:] if len(m) else None) for m in members]
+    data = TensorDict({"obs": torch.arange(5.0), "member": torch.tensor([0, 1, 1, 0, 1])}, [5])
+    with pytest.raises(gpubuf.errors.SchemaMismatchError):
+        rb.extend(data)
+    after = [(len(m), m._writer._cursor, m._writer._write_count, m[:] if len(m) else None) for m in members]
+    for (n0, c0, w0, rows0), (n1, c1, w1, rows1) in zip(before, after):
+        assert (n0, c0, w0) == (n1, c1, w1)
+        assert (rows0 is None and rows1 is None) or (rows0 == rows1).all()
