@@ -20,6 +20,7 @@ import torch
 from gpubuf.errors import (
     BatchSizeError,
     EmptyBufferError,
+    SchemaMismatchError,
     SliceArgumentError,
     StateDictError,
     TrajectoryKeyError,
@@ -195,6 +196,13 @@ class SliceSampler(Sampler):
                 raise SliceArgumentError(
                     f"`ends` must be a bool tensor and `trajectories` an integer one, got {static.dtype}"
                 )
+        for name, key in (("end_key", end_key), ("traj_key", traj_key), ("step_key", step_key),
+                          ("truncated_key", truncated_key), ("init_key", init_key)):
+            if key is not None:
+                try:
+                    as_key(key)
+                except SchemaMismatchError:
+                    raise SliceArgumentError(f"{name} must be a string or a tuple of strings, got {key!r}") from None
         self.span = _span(span)
         self.num_slices = num_slices
         self.slice_len = slice_len

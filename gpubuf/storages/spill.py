@@ -110,6 +110,16 @@ class SpillStorage(Storage):
         self.device = device
         self.device_budget = device_budget
         self.scratch_dir = None if scratch_dir is None else os.path.abspath(os.fspath(scratch_dir))
+        if self.scratch_dir is not None:
+            # The directory is made at the first spill; refuse now one that can never be made.
+            existing = self.scratch_dir
+            while not os.path.exists(existing):
+                existing = os.path.dirname(existing)
+            if not os.path.isdir(existing):
+                raise InvalidArgumentError(
+                    f"scratch_dir={self.scratch_dir!r} lies under {existing!r}, which is not a directory: "
+                    "expected a directory, or a path where one can be made"
+                )
         self.existsok = existsok
         self.auto_cleanup = auto_cleanup
         self._layout: Layout | None = None

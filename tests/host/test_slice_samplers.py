@@ -637,3 +637,9 @@ def test_boundary_source_detection_and_optional_info_entries():
     assert set(info) == {"index"}
     assert ("next", "truncated") not in batch.keys(True)
     assert torch.equal(batch["is_init"], rb.storage._storage["is_init"][batch["index"].reshape(-1)])
+
+
+@pytest.mark.parametrize("name", ["end_key", "traj_key", "step_key", "truncated_key", "init_key"])
+def test_slice_sampler_keys_that_are_not_keys_are_refused_at_construction(name):
+    with pytest.raises(errors.SliceArgumentError, match=name):
+        gpubuf.SliceSampler(num_slices=2, **{name: 5})

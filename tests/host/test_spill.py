@@ -14,7 +14,13 @@ import torch
 from tensordict import TensorDict, tensorclass
 
 import gpubuf
-from gpubuf.errors import DTypeMismatchError, EmptyBufferError, IndexOutOfRangeError, SchemaMismatchError
+from gpubuf.errors import (
+    DTypeMismatchError,
+    EmptyBufferError,
+    IndexOutOfRangeError,
+    InvalidArgumentError,
+    SchemaMismatchError,
+)
 from gpubuf.buffers.prioritized import PrioritizedReplayBuffer
 from gpubuf.samplers.prioritized import PrioritizedSampler
 from gpubuf.storages import _memmap_files
@@ -246,3 +252,12 @@ def test_cuda_device_tier(tmp_path):
     assert torch.equal(ids, batch["index"].cpu())
     assert bool((ids < 100).any()) and bool((ids >= 100).any())
     assert torch.equal(ids_of(rb[:].cpu()), torch.arange(1000))
+
+
+def test_scratch_dir_under_a_regular_file_is_refused_at_construction(tmp_path):
+    regular = tmp_path / "a_file"
+    regular.write_bytes(b"x")
+    with pytest.raises(InvalidArgumentError, match="not a directory"):
+        SpillStorage(8, device="cpu", scratch_dir=regular / "spill")
+    # A directory still to be made under an existing one is fine.
+    assert SpillStorage(8, device="cpu", scratch_dir=tmp_path / "new" / "spill").scratch_dir.endswith("spill")
