@@ -38,7 +38,7 @@ BACKENDS = ("auto", "torch", "triton", "numba")
 #: a row for a device runs its twin there.
 KERNELS: dict[tuple[str, str], str] = {
     ("gather_rows", "cuda"): "gather:gather_rows_triton",
-    ("gather_rows", "cpu"): "cpu.gather_rows:gather_rows",
+    ("gather_rows", "cpu"): "cpu.gather_rows:prefetch_rows",
     ("gather_packed", "cuda"): "gather_packed:gather_packed_triton",
     ("gather_packed", "cpu"): "cpu.gather_packed:copy_rows",
     ("decode_rows", "cuda"): "codec:decode_rows_triton",
@@ -196,10 +196,12 @@ def device_path(tensor: torch.Tensor, backend: str = "auto") -> bool:
 
 
 @functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)
 def implementation(op: str, which: str) -> Callable[..., Any]:
     """The kernel :data:`KERNELS` lists for ``op`` under backend ``which`` (``"triton"`` or ``"numba"``).
 
-    Imported on first use (cached), so ``import gpubuf`` never imports Triton or Numba.
+    Imported on first use and cached (the sample path asks on every call), so ``import gpubuf``
+    never imports Triton or Numba.
 
     Raises:
         KeyError: the op has no kernel for that backend.

@@ -15,7 +15,7 @@ import torch
 from gpubuf.errors import SchemaMismatchError
 from gpubuf.ops import _checks
 from gpubuf.host_memory import LARGE_OUTPUT_BYTES, empty_host
-from gpubuf.ops._dispatch import device_path, implementation, kernel_module, numba_enabled, resolve
+from gpubuf.ops._dispatch import device_path, implementation, numba_enabled, resolve
 
 __all__ = ["gather_rows", "gather_rows_ref"]
 
@@ -78,9 +78,8 @@ def gather_rows(
 ) -> list[torch.Tensor]:
     """Gathers rows ``index`` of every source; see :func:`gather_rows_ref` for the specification.
 
-    CUDA tensors go to one Triton launch for all sources; CPU tensors to the compiled CPU
-    kernel from :data:`ORDERED_GATHER_MIN_ROWS` rows on (it reads the rows in address order),
-    else to the torch twin.
+    CUDA tensors go to one Triton launch for all sources. On CPU the twin copies the rows, after
+    the compiled kernel has prefetched them where that pays (:func:`_gather_host`).
 
     Args:
         sources, index, outs: as in :func:`gather_rows_ref`.
@@ -102,9 +101,8 @@ def gather_rows(
         _checks.check_index_range(index, sources[0].shape[0])
     if which == "triton":
         return implementation("gather_rows", "triton")(list(sources), index, None if outs is None else list(outs))
-    if which == "numba" and (backend == "numba" or _ordered_gather_applies(sources, index)):
-        if all(src.is_contiguous() for src in sources):
-            return _gather_ordered(sources, index, outs)
+    if which == "numba":
+        _prefetch_if_it_pays(sources, index)
     return gather_rows_ref(sources, index, outs)
 
 
@@ -125,11 +123,9 @@ def gather_rows_trusted(sources: Sequence[torch.Tensor], index: torch.Tensor, *,
     if index.is_cuda or backend == "torch":
         return [torch.index_select(src, 0, index) for src in sources]
     b = index.shape[0]
-    if b >= ORDERED_GATHER_MIN_ROWS and _ordered_gather_applies(sources, index):
-        return _gather_ordered(sources, index, None)
     # Contiguous rows: ``stride(0)`` elements each (cheaper than forming the shape).
     widths = [src.stride(0) * src.element_size() for src in sources]
-    if b >= PREFETCH_MIN_ROWS and numba_enabled():
+    if PREFETCH_MIN_ROWS <= b and b * sum(widths) <= PREFETCH_MAX_BYTES and numba_enabled():
         _prefetch_rows(sources, widths, index)
     return [
         torch.index_select(src, 0, index) if b * width < LARGE_OUTPUT_BYTES else _index_select_host(src, index)
@@ -137,10 +133,26 @@ def gather_rows_trusted(sources: Sequence[torch.Tensor], index: torch.Tensor, *,
     ]
 
 
-#: From this many rows on, a CPU gather with the compiled kernels prefetches its rows before
-#: ``index_select`` copies them (:func:`_prefetch_rows`). Below it the call costs about what it
-#: saves (1.00 to 1.02 times the time at 64 rows, 1.02 to 1.05 at 16).
+#: A CPU gather of fewer rows than this copies them without prefetching: below it the call costs
+#: about what it saves (1.00 to 1.02 times the time at 64 rows, 1.02 to 1.05 at 16).
 PREFETCH_MIN_ROWS = 128
+
+#: A CPU gather of more bytes than this copies them without prefetching: the prefetched lines
+#: no longer stay in the caches until ``index_select`` reads them. Measured side by side on 1M
+#: rows of 277 B over five fields, default torch threads, fresh random rows per call: 0.58x the
+#: time of plain ``index_select`` at 256 rows, 0.51x at 1,024, 0.70x at 4,096, 0.94x at 16,384
+#: (4.5 MB), and 1.29x at 65,536 (18 MB), which therefore copies without.
+PREFETCH_MAX_BYTES = 8 << 20
+
+
+def _prefetch_if_it_pays(sources: Sequence[torch.Tensor], index: torch.Tensor) -> None:
+    """Prefetches the rows of a checked CPU gather when its size is in the range where that pays."""
+    if not all(src.is_contiguous() for src in sources):
+        return
+    widths = [src.stride(0) * src.element_size() for src in sources]
+    b = index.shape[0]
+    if PREFETCH_MIN_ROWS <= b and b * sum(widths) <= PREFETCH_MAX_BYTES:
+        _prefetch_rows(sources, widths, index.to(torch.int64))
 
 
 def _prefetch_rows(sources: Sequence[torch.Tensor], widths: list[int], index: torch.Tensor) -> None:
@@ -148,52 +160,12 @@ def _prefetch_rows(sources: Sequence[torch.Tensor], widths: list[int], index: to
 
     A sample of a few hundred rows from a large storage misses the cache on nearly every line;
     ``index_select`` overlaps only the few misses its reorder window reaches, where prefetches
-    issued first overlap many. Measured on 1M rows of 277 B over five fields, side by side with
-    the gather without it (``benchmarks/side_by_side_host.py``'s rows): a uniform sample of 256
-    rows in 0.55 to 0.65 times the time on a loaded 2-core machine. Changes nothing; a
-    prefetch never faults, whatever the address.
+    issued first overlap many. Changes nothing; a prefetch never faults, whatever the address.
     """
     # Per source: row 0's address, the row stride and the row's length, in bytes (contiguous
     # rows: the stride). Taken on every call: nothing about the sources is kept between calls.
     targets = np.array([(src.data_ptr(), width, width) for src, width in zip(sources, widths)], dtype=np.int64)
-    kernel_module("cpu.prefetch").prefetch_rows(targets, index.numpy())
-
-
-#: From this many rows on, a CPU gather with the compiled kernels reads the rows in address
-#: order (``gpubuf_kernels.cpu.gather_rows``). Measured side by side against ``index_select`` on
-#: 1M rows of 292 B over five fields: 1.4 times the time at 1,024 rows (the ordering does not
-#: pay), 0.87 times at 4,096, 0.76 at 8,192, 0.72 at 65,536.
-ORDERED_GATHER_MIN_ROWS = 4096
-
-
-def _ordered_gather_applies(sources: Sequence[torch.Tensor], index: torch.Tensor) -> bool:
-    return (
-        index.shape[0] >= ORDERED_GATHER_MIN_ROWS
-        and index.device.type == "cpu"
-        and all(src.is_contiguous() and src.device.type == "cpu" for src in sources)
-        and numba_enabled()
-    )
-
-
-def _bytes(tensor: torch.Tensor, rows: int) -> np.ndarray:
-    """A contiguous CPU tensor of ``rows`` rows as a uint8 ``[rows, row_bytes]`` array (no copy)."""
-    return tensor.reshape(rows, -1).view(torch.uint8).numpy()
-
-
-def _gather_ordered(
-    sources: Sequence[torch.Tensor], index: torch.Tensor, outs: Sequence[torch.Tensor] | None
-) -> list[torch.Tensor]:
-    """The twin's gather, done by the compiled kernel in address order (contiguous CPU sources)."""
-    kernels = kernel_module("cpu.gather_rows")
-    b = index.shape[0]
-    if outs is None:
-        outs = [empty_host((b, *src.shape[1:]), src.dtype) for src in sources]
-    index64 = index.to(torch.int64).contiguous().numpy()
-    order = kernels.row_order(index64, sources[0].shape[0])
-    kernels.gather_rows(
-        tuple(_bytes(src, src.shape[0]) for src in sources), tuple(_bytes(out, b) for out in outs), index64, order
-    )
-    return list(outs)
+    implementation("gather_rows", "numba")(targets, index.numpy())
 
 
 def _index_select_host(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

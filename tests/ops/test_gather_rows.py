@@ -13,6 +13,7 @@ from gpubuf.errors import (
     SchemaMismatchError,
 )
 from gpubuf.ops.gather_rows import gather_rows, gather_rows_ref
+from gpubuf.ops._dispatch import numba_importable
 from helpers import DTYPES
 
 
@@ -188,14 +189,15 @@ def test_unknown_backend(src):
 
 
 # ------------------------------------------------------------------------------ large CPU batches
-def test_large_cpu_batches_read_rows_in_address_order_and_equal_the_twin(gen, monkeypatch):
-    """From ORDERED_GATHER_MIN_ROWS rows on, CPU gathers take the compiled kernel, which visits
-    the batch sorted by row: every dtype and row width (1-D sources, bytes, empty trailing dims),
-    duplicates and the first and last rows, into fresh outputs or given ones, byte for byte."""
+def test_cpu_batches_that_prefetch_equal_the_twin_for_every_dtype_and_width(gen, monkeypatch):
+    """With the compiled kernels, a CPU gather of 128 rows or more prefetches its rows first:
+    every dtype and row width (1-D sources, bytes, empty trailing dims), duplicates and the
+    first and last rows, into fresh outputs or given ones, byte for byte."""
     import sys
 
+    if not numba_importable():
+        pytest.skip("needs Numba")
     module = sys.modules["gpubuf.ops.gather_rows"]
-    monkeypatch.setattr(module, "ORDERED_GATHER_MIN_ROWS", 64)
     n_rows = 1000
     sources = [_source(n_rows, trail, dtype, gen) for dtype in DTYPES for trail in ((), (3,))]
     sources += [_source(n_rows, (2, 0), torch.float32, gen), _source(n_rows, (5, 7), torch.uint8, gen)]
@@ -203,42 +205,22 @@ def test_large_cpu_batches_read_rows_in_address_order_and_equal_the_twin(gen, mo
     index[:3] = torch.tensor([0, n_rows - 1, 0])
     want = _brute_force(sources, index)
     calls = []
-    real = module._gather_ordered
-    monkeypatch.setattr(module, "_gather_ordered", lambda *a: calls.append(1) or real(*a))
-    got = gather_rows(sources, index)
-    assert calls and all(torch.equal(g, w) for g, w in zip(got, want))
+    real = module._prefetch_rows
+    monkeypatch.setattr(module, "_prefetch_rows", lambda *a: calls.append(1) or real(*a))
+    assert all(torch.equal(g, w) for g, w in zip(gather_rows(sources, index), want))
     outs = [torch.full_like(w, 1) for w in want]
     assert gather_rows(sources, index, outs) is not None and all(torch.equal(o, w) for o, w in zip(outs, want))
     assert all(torch.equal(g, w) for g, w in zip(module.gather_rows_trusted(sources, index), want))
     assert len(calls) == 3
-    # Below the threshold, with GPUBUF_NUMBA=0, or for an explicit backend, index_select runs.
-    gather_rows(sources, index[:63])
+    # With GPUBUF_NUMBA=0, or for an explicit torch backend, nothing is prefetched.
     gather_rows(sources, index, backend="torch")
     monkeypatch.setenv("GPUBUF_NUMBA", "0")
     assert all(torch.equal(g, w) for g, w in zip(gather_rows(sources, index), want))
     assert len(calls) == 3
 
 
-def test_row_order_is_a_permutation_grouped_by_row(gen):
-    from gpubuf.ops._dispatch import kernel_module
-
-    kernels = kernel_module("cpu.gather_rows")
-    for n_rows, b in ((1, 5), (1000, 300), (1 << 20, 4096), (77, 77)):
-        index = torch.randint(0, n_rows, (b,), generator=gen)
-        order = torch.from_numpy(kernels.row_order(index.numpy(), n_rows))
-        assert torch.equal(torch.sort(order).values, torch.arange(b))
-        rows = index[order]
-        shift = 0
-        while (n_rows >> shift) > b:
-            shift += 1
-        assert bool(((rows[1:] >> shift) >= (rows[:-1] >> shift)).all())  # groups in increasing order
-
-
 def test_large_cpu_batch_out_of_range_raises_before_writing(gen, monkeypatch):
-    """The compiled kernel trusts its indices: the public op checks them before it runs."""
-    import sys
-
-    monkeypatch.setattr(sys.modules["gpubuf.ops.gather_rows"], "ORDERED_GATHER_MIN_ROWS", 64)
+    """The compiled prefetch trusts its indices: the public op checks them before it runs."""
     src = _source(100, (3,), torch.float32, gen)
     index = torch.randint(0, 100, (200,), generator=gen)
     index[150] = 100

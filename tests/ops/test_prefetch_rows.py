@@ -1,6 +1,6 @@
-"""Row prefetch inside a CPU row gather of 128 rows or more: the rows are the twin's, the sources
-are untouched, a prefetch of addresses holding nothing does not fault, and only gathers past
-the threshold prefetch."""
+"""Row prefetch inside a CPU row gather of 128 rows up to 8 MiB: the rows are the twin's, the
+sources are untouched, a prefetch of addresses holding nothing does not fault, and only gathers
+inside the range prefetch."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def test_prefetching_addresses_that_hold_nothing_does_not_fault():
     targets = np.array([(freed.data_ptr(), 64, 64)], dtype=np.int64)
     del freed
     nowhere = np.array([(64, 1 << 30, 256)], dtype=np.int64)  # page zero, then terabytes past it
-    prefetch = kernel_module("cpu.prefetch").prefetch_rows
+    prefetch = kernel_module("cpu.gather_rows").prefetch_rows
     prefetch(targets, index)
     prefetch(nowhere, index)
 
@@ -68,6 +68,27 @@ def test_a_large_sample_prefetches_only_past_the_threshold(monkeypatch):
     rb.sample(threshold - 1)
     rb.sample(threshold)
     assert seen == [threshold]
+    # Past PREFETCH_MAX_BYTES the prefetched lines would leave the caches before the copy.
+    row_bytes = 4 * 4 + 1
+    monkeypatch.setattr(gather_module, "PREFETCH_MAX_BYTES", 1500 * row_bytes)
+    rb.sample(1500)
+    rb.sample(1501)
+    assert seen == [threshold, 1500]
+
+
+def test_a_checked_gather_prefetches_inside_the_range_and_returns_the_twin_s_rows(monkeypatch):
+    seen = []
+    real = gather_module._prefetch_rows
+    monkeypatch.setattr(gather_module, "_prefetch_rows", lambda *a: seen.append(a[2].shape[0]) or real(*a))
+    sources = _sources()
+    index = torch.randint(0, 1000, (300,), generator=torch.Generator().manual_seed(2), dtype=torch.int32)
+    want = gather_rows_ref(sources, index)
+    for got in (gather_module.gather_rows(sources, index), gather_module.gather_rows(sources, index, [torch.empty_like(w) for w in want])):
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    gather_module.gather_rows(sources, index[:100])  # below PREFETCH_MIN_ROWS
+    gather_module.gather_rows(sources, index, backend="torch")
+    gather_module.gather_rows([s[::2] for s in sources], index % 500)  # strided rows: no prefetch
+    assert seen == [300, 300]
 
 
 def test_without_the_compiled_kernels_nothing_is_prefetched(monkeypatch):
