@@ -50,7 +50,8 @@ from gpubuf.checkpoint.format import (
     seal_meta,
 )
 from gpubuf.checkpoint.staging import Staging, staging_for
-from gpubuf.checkpoint.values import Decoder, Encoder, class_path
+from gpubuf.checkpoint.values import Decoder, Encoder
+from gpubuf.storages._layout import class_path
 from gpubuf.errors import GpubufError
 
 SLOTS = ("storage", "sampler", "writer")

@@ -25,7 +25,6 @@ refused otherwise.
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any, Callable
 
 import numpy as np
@@ -33,16 +32,12 @@ import torch
 
 from gpubuf.checkpoint.errors import CheckpointCorruptError, CheckpointMismatchError, UnserializableDataError
 from gpubuf.checkpoint.format import dtype_name, parse_dtype, parse_shape, require
+from gpubuf.storages._layout import class_path, imported_class
 
 AddArray = Callable[[torch.Tensor], str]
 GetArray = Callable[[str], torch.Tensor]
 
 _MAX_DEPTH = 200
-
-
-def class_path(cls: type) -> str:
-    """``"module:QualName"``, the reference under which a class is recorded."""
-    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 def resolve_class(path: str, check: Callable[[type], bool], what: str) -> type:
@@ -56,10 +51,7 @@ def resolve_class(path: str, check: Callable[[type], bool], what: str) -> type:
     if not isinstance(path, str) or ":" not in path:
         raise CheckpointCorruptError(f"invalid class reference {path!r}")
     module_name, qualname = path.split(":", 1)
-    module = sys.modules.get(module_name)
-    obj: Any = module
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None) if obj is not None else None
+    obj = imported_class(path)
     if not isinstance(obj, type) or not check(obj):
         raise CheckpointMismatchError(
             f"the checkpoint holds {what} {qualname!r} of module {module_name!r}, which is not imported here: "

@@ -11,6 +11,7 @@ Supported containers: a plain ``torch.Tensor``, a ``TensorDict`` (nested keys), 
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -27,6 +28,41 @@ from gpubuf.errors import (
 )
 
 NestedKey = tuple  # a tuple of str: ("next", "obs")
+
+
+def class_path(cls: type) -> str:
+    """``"module:QualName"``, the reference under which descriptions and checkpoints record a class."""
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def imported_class(path: str) -> Any:
+    """What ``"module:QualName"`` names in a module already imported, or None.
+
+    Importing a module named by a stored description could execute its code, so it is never
+    done: the caller says which module to import first.
+    """
+    module_name, _, qualname = path.partition(":")
+    obj: Any = sys.modules.get(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None) if obj is not None else None
+    return obj
+
+
+def tensorclass_from_path(path: str) -> type:
+    """The tensorclass type a storage description records as ``"module:QualName"``.
+
+    Raises:
+        LookupError: the module is not imported here (it is never imported on a description's
+            word), or the name is not a tensorclass type.
+    """
+    obj = imported_class(path)
+    if not (isinstance(obj, type) and is_tensorclass(obj)):
+        module_name, _, qualname = path.partition(":")
+        raise LookupError(
+            f"{qualname!r} of module {module_name!r} is not a tensorclass type imported here: import {module_name} "
+            "first (a stored description never imports code)"
+        )
+    return obj
 
 
 def is_tensor_collection(data: Any) -> bool:

@@ -17,7 +17,6 @@ tensor and ``<i>.memmap`` for the i-th leaf of a pytree. The structure is descri
 from __future__ import annotations
 
 import errno
-import importlib
 import json
 import os
 import re
@@ -31,7 +30,7 @@ import torch.utils._pytree as pytree
 from tensordict import TensorDict
 
 from gpubuf.errors import DiskFullError, MemmapStorageError, ScratchDirError, StorageExistsError, StorageMismatchError
-from gpubuf.storages._layout import Layout, LeafSpec
+from gpubuf.storages._layout import Layout, LeafSpec, class_path, tensorclass_from_path
 from gpubuf.storages._shared import state_dir
 
 FORMAT = "gpubuf.memmap"
@@ -224,12 +223,6 @@ def _dtype(name: str) -> torch.dtype:
     return value
 
 
-def _class_path(cls: type | None) -> str | None:
-    if cls is None:
-        return None
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
 def describe(layout: Layout, *, max_size: int, ndim: int, capacity_dim0: int, rest_shape: list[int]) -> dict:
     """A JSON-ready description of a storage's files: enough to open them without the data."""
     leaves = []
@@ -249,7 +242,7 @@ def describe(layout: Layout, *, max_size: int, ndim: int, capacity_dim0: int, re
         "byte_order": sys.byteorder,
         "kind": layout.kind,
         "item_batch": list(layout.item_batch),
-        "container": _class_path(layout.container_cls) if layout.kind == "tensorclass" else None,
+        "container": class_path(layout.container_cls) if layout.kind == "tensorclass" else None,
         "treespec": pytree.treespec_dumps(layout.treespec) if layout.kind == "pytree" else None,
         "max_size": max_size,
         "ndim": ndim,
@@ -300,17 +293,13 @@ def layout_from_description(description: dict) -> Layout:
     if kind == "tensordict":
         container_cls = TensorDict
     elif kind == "tensorclass":
-        module, _, qualname = description["container"].partition(":")
         try:
-            obj: Any = importlib.import_module(module)
-            for name in qualname.split("."):
-                obj = getattr(obj, name)
-        except (ImportError, AttributeError) as err:
+            container_cls = tensorclass_from_path(description["container"])
+        except LookupError as err:
             raise StorageMismatchError(
-                f"the storage holds {description['container']} instances, which cannot be imported here ({err}); "
-                "write a batch to the storage first (its class is then taken from the batch)"
+                f"the storage's items cannot be rebuilt: {err} "
+                "(or write a batch to the storage first: its class is then taken from the batch)"
             ) from err
-        container_cls = obj
     elif kind == "pytree":
         treespec = pytree.treespec_loads(description["treespec"])
     return Layout(kind, specs, torch.Size(description["item_batch"]), container_cls, treespec)
@@ -323,8 +312,8 @@ def check_same_layout(layout: Layout, description: dict, where: str) -> None:
     problems = []
     if layout.kind != description["kind"]:
         problems.append(f"it holds {description['kind']} items, this batch is a {layout.kind}")
-    elif layout.kind == "tensorclass" and _class_path(layout.container_cls) != description["container"]:
-        problems.append(f"it holds {description['container']} instances, got {_class_path(layout.container_cls)}")
+    elif layout.kind == "tensorclass" and class_path(layout.container_cls) != description["container"]:
+        problems.append(f"it holds {description['container']} instances, got {class_path(layout.container_cls)}")
     if list(layout.item_batch) != list(description["item_batch"]):
         problems.append(f"its items have batch size {description['item_batch']}, got {list(layout.item_batch)}")
     if ours != theirs:

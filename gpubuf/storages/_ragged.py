@@ -13,7 +13,6 @@ through as objects.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -23,7 +22,7 @@ from tensordict.base import _is_leaf_nontensor
 from tensordict.utils import is_non_tensor
 
 from gpubuf.errors import DTypeMismatchError, SchemaMismatchError, UnsupportedDataError
-from gpubuf.storages._layout import Layout
+from gpubuf.storages._layout import Layout, class_path, tensorclass_from_path
 from gpubuf.storages._layout import _fmt_key as _fmt
 
 try:  # the direct constructor of jagged tensors, see jagged()
@@ -313,7 +312,7 @@ class RaggedSchema:
         cls = self.container_cls
         return {
             "kind": self.kind,
-            "container": None if cls is None else f"{cls.__module__}:{cls.__qualname__}",
+            "container": None if cls is None else class_path(cls),
             "leaves": [
                 {"key": list(leaf.key), "dtype": str(leaf.dtype).replace("torch.", ""), "trail": list(leaf.trail),
                  "scalar": leaf.scalar}
@@ -324,20 +323,20 @@ class RaggedSchema:
 
     @classmethod
     def from_description(cls, described: dict) -> "RaggedSchema":
-        """Inverse of :meth:`describe`; the tensorclass type is imported by its module and name.
+        """Inverse of :meth:`describe`; the tensorclass type is imported by its module and name
+        (:func:`~gpubuf.storages._layout.tensorclass_from_path`: nothing but a tensorclass type).
 
         Raises:
             SchemaMismatchError: an unknown dtype or a tensorclass type that cannot be imported.
         """
         container = None
         if described.get("container"):
-            module, _, name = described["container"].partition(":")
             try:
-                container = importlib.import_module(module)
-                for part in name.split("."):
-                    container = getattr(container, part)
-            except (ImportError, AttributeError) as err:
-                raise SchemaMismatchError(f"cannot import the stored items' class {described['container']}") from err
+                container = tensorclass_from_path(described["container"])
+            except LookupError as err:
+                raise SchemaMismatchError(
+                    f"the stored items' class cannot be used: {err}"
+                ) from err
         leaves = []
         for leaf in described["leaves"]:
             dtype = getattr(torch, leaf["dtype"], None)

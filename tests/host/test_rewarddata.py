@@ -226,3 +226,28 @@ def test_packed_reward_data_on_gpu_equals_cpu():
     assert b.input_ids.is_cuda
     for x, y in zip(a.input_ids.unbind(), b.input_ids.unbind()):
         assert torch.equal(x, y.cpu())
+
+
+@pytest.mark.parametrize("container", ["module_never_imported_here:RewardData", "os:system", "gpubuf.data.reward:torch"])
+def test_a_packed_state_naming_anything_but_an_imported_tensorclass_is_refused(container):
+    """A state names its items' class; loading looks it up in modules already imported and takes
+    only a tensorclass type: no import on the state's word, nothing else called."""
+    import sys
+
+    gen = torch.Generator().manual_seed(5)
+    saved = PackedStorage(8)
+    saved.set(range(8), _items(8, gen))
+    state = saved.state_dict()
+    state["_schema"] = dict(state["_schema"], container=container)
+    target = PackedStorage(8)
+    target.set(range(3), _items(3, gen))
+    before = target.get(torch.arange(3))
+    with pytest.raises(SchemaMismatchError, match="never imports code|not a tensorclass"):
+        target.load_state_dict(state)
+    assert "module_never_imported_here" not in sys.modules
+    assert len(target) == 3
+    _rows_equal(target.get(torch.arange(3)), before, [0, 1, 2])
+    # The class recorded by the storage itself loads.
+    fresh = PackedStorage(8)
+    fresh.load_state_dict(saved.state_dict())
+    assert isinstance(fresh.get(torch.arange(2)), RewardData)
