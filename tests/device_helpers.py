@@ -15,7 +15,25 @@ Example (the prioritized cycle, once its kernels are fused)::
 
 from __future__ import annotations
 
+import torch
+from tensordict import TensorDict
+
 from gpubuf.ops.device_work import DeviceWork
+
+
+def rows_with_ids(n: int, start: int = 0) -> TensorDict:
+    """``n`` rows of five fields of four widths (one nested), every value derived from the row's id."""
+    ids = torch.arange(start, start + n)
+    return TensorDict(
+        {
+            "obs": ids[:, None].float().expand(n, 7).clone(),
+            "action": ids[:, None].expand(n, 3).clone(),
+            "reward": ids.double(),
+            "done": ids % 2 == 0,
+            "next": {"obs": (ids[:, None] + 1).to(torch.int16).expand(n, 5).clone()},
+        },
+        batch_size=[n],
+    )
 
 
 def assert_work(

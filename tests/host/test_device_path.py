@@ -5,27 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tensordict import TensorDict
 
 from gpubuf import LazyTensorStorage, TensorDictReplayBuffer
 from gpubuf.ops.device_work import count_device_work
 
-from device_helpers import assert_work
-
-
-def _rows(n: int, start: int = 0) -> TensorDict:
-    """Five fields of four widths, every value derived from the row's id."""
-    ids = torch.arange(start, start + n)
-    return TensorDict(
-        {
-            "obs": ids[:, None].float().expand(n, 7).clone(),
-            "action": ids[:, None].expand(n, 3).clone(),
-            "reward": ids.double(),
-            "done": ids % 2 == 0,
-            "next": {"obs": (ids[:, None] + 1).to(torch.int16).expand(n, 5).clone()},
-        },
-        batch_size=[n],
-    )
+from device_helpers import assert_work, rows_with_ids as _rows
 
 
 def _buffer(backend: str, seed: int = 0) -> TensorDictReplayBuffer:

@@ -12,22 +12,7 @@ from gpubuf import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
 from gpubuf.errors import IndexOutOfRangeError, PriorityError
 from gpubuf.ops.device_work import count_device_work
 
-from device_helpers import assert_work
-
-
-def _rows(n: int, start: int = 0) -> TensorDict:
-    """Five fields of four widths, every value derived from the row's id."""
-    ids = torch.arange(start, start + n)
-    return TensorDict(
-        {
-            "obs": ids[:, None].float().expand(n, 7).clone(),
-            "action": ids[:, None].expand(n, 3).clone(),
-            "reward": ids.double(),
-            "done": ids % 2 == 0,
-            "next": {"obs": (ids[:, None] + 1).to(torch.int16).expand(n, 5).clone()},
-        },
-        batch_size=[n],
-    )
+from device_helpers import assert_work, rows_with_ids as _rows
 
 
 def _buffer(backend: str, capacity: int, rows: int, seed: int = 0) -> TensorDictPrioritizedReplayBuffer:
