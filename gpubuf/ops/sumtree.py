@@ -660,7 +660,7 @@ def _update_numba(
         return
     kernels = kernel_module("cpu.sumtree")
     arrays = tree._numpy_arrays()
-    status, _ = kernels.update(
+    status = kernels.update(
         arrays.leaves, arrays.sums, arrays.mins, arrays.offsets, arrays.sizes, arrays.shift, _numpy(index),
         _numpy(priority), values.numpy(), limit, _NO_MAX.copy() if max_priority is None else max_priority.numpy(),
     )

@@ -22,6 +22,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from gpubuf_kernels.cpu.prefetch import LINE_BYTES, prefetch_line
+
 _INF = np.inf
 
 
@@ -38,9 +40,10 @@ BAD_PRIORITY = 1
 OVERFLOW = 2
 BAD_INDEX = 3
 
-#: A level is deduplicated with a byte per node (allocated per call) when it has at most this many
-#: nodes per queued entry, else with a hash set sized for the entries: both cost O(entries).
-DENSE_NODES_PER_ENTRY = 8
+#: Leaf indices sorted with one insertion pass below this many, by a radix sort from it on.
+RADIX_SORT_FROM = 64
+#: The refresh prefetches the rows of the leaf this many entries ahead of the one it is at.
+PREFETCH_AHEAD = 16
 
 
 @njit(cache=True, nogil=True)
@@ -49,8 +52,7 @@ def update(leaves, sums, mins, offsets, sizes, shift, index, priority, values, l
 
     Every check runs before the first write, so a failed call changes nothing. The work is
     ``O(B * F * depth)`` at any capacity: each distinct ancestor of a written leaf is recomputed
-    once from its children, and the only scratch is allocated for the call and sized by ``B``
-    (contiguous writes touch contiguous parents, so a fill costs what its rows cost).
+    once from its children, and the only scratch is allocated for the call and sized by ``B``.
 
     Args:
         leaves, sums, mins: the tree, mutated.
@@ -66,26 +68,25 @@ def update(leaves, sums, mins, offsets, sizes, shift, index, priority, values, l
             non-negative index; raised in place to this batch's largest.
 
     Returns:
-        ``(status, touched)``: :data:`UPDATED`, or the first failed check: :data:`BAD_PRIORITY` (a NaN, infinite or
+        :data:`UPDATED`, or the first failed check: :data:`BAD_PRIORITY` (a NaN, infinite or
         negative priority), :data:`OVERFLOW` (a transform past the leaf dtype),
-        :data:`BAD_INDEX` (an index ``>= limit``); and :func:`_refresh_ancestors`'s meaningless
-        sum of prefetching loads.
+        :data:`BAD_INDEX` (an index ``>= limit``).
     """
     n = priority.shape[0]
     for b in range(n):
         p = np.float64(priority[b])
         # NaN fails both comparisons.
         if not (p >= 0.0 and p < _INF):
-            return BAD_PRIORITY, 0.0
+            return BAD_PRIORITY
     for b in range(values.shape[0]):
         if not (values[b] < _INF):
-            return OVERFLOW, 0.0
+            return OVERFLOW
     one_value = n == 1
     batch_max = -_INF
     for b in range(index.shape[0]):
         i = index[b]
         if i >= limit:
-            return BAD_INDEX, 0.0
+            return BAD_INDEX
         if i >= 0:
             p = np.float64(priority[0] if one_value else priority[b])
             if p > batch_max:
@@ -98,148 +99,169 @@ def update(leaves, sums, mins, offsets, sizes, shift, index, priority, values, l
         i = index[b]
         if i >= 0:
             leaves[i] = values[0] if one_value else values[b]
-    touched = _refresh_ancestors(leaves, sums, mins, offsets, sizes, shift, index)
-    return UPDATED, touched
-
-
-@njit(inline="always")
-def _leaf_rows(leaves, ra, rb, fanout):  # pragma: no cover - compiled
-    """Sums (float64, left to right) and positive minima (``+inf`` if none) of two leaf rows."""
-    ta = 0.0
-    tb = 0.0
-    sa = _INF
-    sb = _INF
-    for t in range(np.uint64(fanout)):
-        xa = np.float64(leaves[ra + t])
-        xb = np.float64(leaves[rb + t])
-        ta += xa
-        tb += xb
-        if xa > 0.0 and xa < sa:
-            sa = xa
-        if xb > 0.0 and xb < sb:
-            sb = xb
-    return ta, sa, tb, sb
-
-
-@njit(inline="always")
-def _node_rows(sums, mins, ra, rb, fanout):  # pragma: no cover - compiled
-    """Sums (left to right) and minima of two rows of internal nodes."""
-    ta = 0.0
-    tb = 0.0
-    sa = _INF
-    sb = _INF
-    for t in range(np.uint64(fanout)):
-        ta += sums[ra + t]
-        tb += sums[rb + t]
-        ya = mins[ra + t]
-        yb = mins[rb + t]
-        if ya < sa:
-            sa = ya
-        if yb < sb:
-            sb = yb
-    return ta, sa, tb, sb
-
-
-@njit(inline="always")
-def _queue_parents(nodes, count, shift, level_size):  # pragma: no cover - compiled
-    """Replaces ``nodes[:count]`` (entries of the level below, possibly repeated) by their
-    distinct parents, in first-seen order; returns how many.
-
-    A parent equal to the previous one (contiguous writes) is dropped at once; the others are
-    checked against a byte per node of the parent level when it is small next to the batch,
-    else against an open-addressing hash set of about ``2 * count`` slots. Both are allocated
-    here, so nothing of the capacity's size outlives the call.
-    """
-    queued = 0
-    last = -1
-    if level_size <= DENSE_NODES_PER_ENTRY * count:
-        seen = np.zeros(level_size, np.uint8)
-        for c in range(count):
-            j = nodes[c] >> shift
-            if j != last:
-                last = j
-                if seen[j] == 0:
-                    seen[j] = 1
-                    nodes[queued] = j  # queued <= c: overwrites an entry already read
-                    queued += 1
-        return queued
-    bits = 1
-    while (1 << bits) < 2 * count:
-        bits += 1
-    mask = (1 << bits) - 1
-    table = np.full(1 << bits, -1, np.int64)
-    for c in range(count):
-        j = nodes[c] >> shift
-        if j != last:
-            last = j
-            # Fibonacci hashing: the top bits of the product spread neighbouring nodes apart.
-            h = np.int64((np.uint64(j) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(64 - bits))
-            while True:
-                slot = table[h]
-                if slot == j:
-                    break
-                if slot == -1:
-                    table[h] = j
-                    nodes[queued] = j
-                    queued += 1
-                    break
-                h = (h + 1) & mask
-    return queued
+    keys = _sorted_leaves(index)
+    _refresh_ancestors(leaves, sums, mins, offsets, sizes, shift, keys)
+    return UPDATED
 
 
 @njit(cache=True, nogil=True)
-def _refresh_ancestors(leaves, sums, mins, offsets, sizes, shift, index):  # pragma: no cover - compiled
-    """Recomputes, once each, every ancestor of the non-negative entries of ``index``.
+def _sorted_leaves(index):  # pragma: no cover - compiled
+    """The non-negative entries of ``index`` as int64, in increasing order (repeats kept).
 
-    Returns the sum of the prefetching loads (meaningless, only returned so that the compiler
-    keeps the loads).
+    Input already in order (contiguous writes) is only copied. Otherwise a least-significant-digit
+    radix sort over the span of the entries: ``O(B)`` per pass with a digit of about ``log2(B)``
+    bits (a count table the size of the batch), two passes for 65,536 indices into 2**26 leaves;
+    small batches take one insertion pass.
+    """
+    n = index.shape[0]
+    keys = np.empty(n, np.int64)
+    count = 0
+    ordered = True
+    lo = np.int64(0)
+    hi = np.int64(-1)
+    for b in range(n):
+        i = np.int64(index[b])
+        if i >= 0:
+            if count == 0:
+                lo = i
+                hi = i
+            else:
+                if i < keys[count - 1]:
+                    ordered = False
+                lo = min(lo, i)
+                hi = max(hi, i)
+            keys[count] = i
+            count += 1
+    keys = keys[:count]
+    if ordered:
+        return keys
+    if count < RADIX_SORT_FROM:
+        for c in range(1, count):
+            key = keys[c]
+            d = c
+            while d > 0 and keys[d - 1] > key:
+                keys[d] = keys[d - 1]
+                d -= 1
+            keys[d] = key
+        return keys
+    span_bits = 1
+    while (hi - lo) >> span_bits:
+        span_bits += 1
+    digit_bits = 1
+    while (1 << (digit_bits + 1)) <= count:
+        digit_bits += 1
+    passes = (span_bits + digit_bits - 1) // digit_bits
+    digit_bits = (span_bits + passes - 1) // passes  # the same passes, digits as even as they come
+    mask = (1 << digit_bits) - 1
+    counts = np.empty(1 << digit_bits, np.int64)
+    other = np.empty(count, np.int64)
+    for p in range(passes):
+        at = p * digit_bits
+        counts[:] = 0
+        for c in range(count):
+            counts[((keys[c] - lo) >> at) & mask] += 1
+        total = 0
+        for d in range(mask + 1):
+            size = counts[d]
+            counts[d] = total
+            total += size
+        for c in range(count):
+            d = ((keys[c] - lo) >> at) & mask
+            other[counts[d]] = keys[c]
+            counts[d] += 1
+        keys, other = other, keys
+    return keys
+
+
+@njit(inline="always")
+def _leaf_row(leaves, row, fanout):  # pragma: no cover - compiled
+    """Sum (float64, left to right) and positive minimum (``+inf`` if none) of a leaf row."""
+    total = 0.0
+    least = _INF
+    for t in range(np.uint64(fanout)):
+        x = np.float64(leaves[row + t])
+        total += x
+        if x > 0.0 and x < least:
+            least = x
+    return total, least
+
+
+@njit(inline="always")
+def _refresh_node(sums, mins, offsets, k, node, fanout):  # pragma: no cover - compiled
+    """Recomputes node ``node`` of internal level ``k`` (``k`` below ``depth - 1``) from its children's row."""
+    row = np.uint64(offsets[k + 1] + node * fanout)
+    total = 0.0
+    least = _INF
+    for t in range(np.uint64(fanout)):
+        total += sums[row + t]
+        y = mins[row + t]
+        if y < least:
+            least = y
+    sums[offsets[k] + node] = total
+    mins[offsets[k] + node] = least
+
+
+@njit(inline="always")
+def _prefetch_span(address, nbytes):  # pragma: no cover - compiled
+    """Prefetches every cache line of ``nbytes`` bytes from ``address``."""
+    line = address - (address & (LINE_BYTES - 1))
+    end = address + nbytes
+    while line < end:
+        prefetch_line(line)
+        line += LINE_BYTES
+
+
+@njit(cache=True, nogil=True)
+def _refresh_ancestors(leaves, sums, mins, offsets, sizes, shift, keys):  # pragma: no cover - compiled
+    """Recomputes, once each, every ancestor of the leaves ``keys`` (int64, in increasing order).
+
+    One pass in the order of the leaves, finishing each node in post-order: a parent of leaves is
+    recomputed when its first leaf comes up, a higher node once the path of the next leaf leaves
+    its subtree (every child it has is final by then). So each row is read once, in increasing
+    order of address, while the entries just written to it are still in the cache, and no
+    scratch tracks which nodes are done. The rows of the leaf :data:`PREFETCH_AHEAD` entries on
+    (its leaf row and the row of its grandparent's children) are prefetched: their misses
+    overlap with the work on the rows before them.
     """
     fanout = 1 << shift
     depth = sizes.shape[0] - 1
-    nodes = np.empty(index.shape[0], np.int64)
-    count = 0
-    for b in range(index.shape[0]):
-        if index[b] >= 0:
-            nodes[count] = index[b]
-            count += 1
-    touched = 0.0
-    for k in range(depth - 1, -1, -1):
-        count = _queue_parents(nodes, count, shift, sizes[k])
-        base = offsets[k]
-        # One load per cache line of the rows this level reads, before any is summed: the loads
-        # are independent, so their misses overlap (about 0.8 times the time on 2**20 leaves and
-        # 256 random indices, measured side by side), where the sums wait on each row in turn.
-        if k == depth - 1:
-            for c in range(count):
-                row = nodes[c] * fanout
-                for t in range(0, fanout, 64 // leaves.itemsize):
-                    touched += leaves[row + t]
-        else:
-            for c in range(count):
-                row = offsets[k + 1] + nodes[c] * fanout
-                for t in range(0, fanout, 8):
-                    touched += sums[row + t] + mins[row + t]
-        # Two rows at a time: each row's sum is a chain of dependent additions (left to right,
-        # the twins' order), and two chains side by side keep the adder busy. Unsigned
-        # positions spare every load Numba's test for a negative index. (Both measured side by
-        # side on 2**20 leaves and 256 indices: 0.77 times the time of one row at a time.)
-        src = np.uint64(0 if k == depth - 1 else offsets[k + 1])
-        c = 0
-        while c < count:
-            ja = nodes[c]
-            jb = nodes[c + 1] if c + 1 < count else ja
-            ra = src + np.uint64(ja * fanout)
-            rb = src + np.uint64(jb * fanout)
-            if k == depth - 1:
-                ta, sa, tb, sb = _leaf_rows(leaves, ra, rb, fanout)
-            else:
-                ta, sa, tb, sb = _node_rows(sums, mins, ra, rb, fanout)
-            sums[base + ja] = ta
-            mins[base + ja] = sa
-            sums[base + jb] = tb
-            mins[base + jb] = sb
-            c += 2
-    return touched
+    count = keys.shape[0]
+    # current[k]: the node of level k whose subtree the pass is in (-1: none yet), k < depth - 1.
+    current = np.full(depth, -1, np.int64)
+    leaf_base = leaves.ctypes.data
+    leaf_row_bytes = fanout * leaves.itemsize
+    node_row_bytes = fanout * 8
+    sums_base = sums.ctypes.data
+    mins_base = mins.ctypes.data
+    parents = offsets[depth - 1]
+    above = offsets[depth - 1] if depth >= 2 else 0
+    last = np.int64(-1)
+    for c in range(count):
+        if c + PREFETCH_AHEAD < count:
+            ahead = keys[c + PREFETCH_AHEAD] >> shift
+            _prefetch_span(leaf_base + ahead * leaf_row_bytes, leaf_row_bytes)
+            if depth >= 2:
+                row = (above + (ahead >> shift) * fanout) * 8
+                _prefetch_span(sums_base + row, node_row_bytes)
+                _prefetch_span(mins_base + row, node_row_bytes)
+        j = keys[c] >> shift
+        if j == last:
+            continue
+        last = j
+        node = j
+        for k in range(depth - 2, -1, -1):
+            node >>= shift
+            if current[k] == node:
+                break
+            if current[k] >= 0:
+                _refresh_node(sums, mins, offsets, k, current[k], fanout)
+            current[k] = node
+        total, least = _leaf_row(leaves, np.uint64(j * fanout), fanout)
+        sums[parents + j] = total
+        mins[parents + j] = least
+    for k in range(depth - 2, -1, -1):
+        if current[k] >= 0:
+            _refresh_node(sums, mins, offsets, k, current[k], fanout)
 
 
 #: A level's prefix sums are computed once per call, into a table, when the batch has at least
