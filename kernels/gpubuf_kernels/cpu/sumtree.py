@@ -181,8 +181,9 @@ def _leaf_row(leaves, row, fanout):  # pragma: no cover - compiled
     for t in range(np.uint64(fanout)):
         x = np.float64(leaves[row + t])
         total += x
-        if x > 0.0 and x < least:
-            least = x
+        # A select, not a branch: random values mispredict the branch of an ``if`` (measured
+        # side by side: 0.87 times the time of the refresh at 2**20 leaves and 65,536 indices).
+        least = min(least, x if x > 0.0 else _INF)
     return total, least
 
 
@@ -194,9 +195,7 @@ def _refresh_node(sums, mins, offsets, k, node, fanout):  # pragma: no cover - c
     least = _INF
     for t in range(np.uint64(fanout)):
         total += sums[row + t]
-        y = mins[row + t]
-        if y < least:
-            least = y
+        least = min(least, mins[row + t])
     sums[offsets[k] + node] = total
     mins[offsets[k] + node] = least
 
@@ -311,6 +310,8 @@ def _last_positive(src, row, fanout):  # pragma: no cover - compiled
 
 #: Draws whose rows :func:`_scan_rows` scans side by side.
 SCAN_LANES = 4
+#: A descent's scan prefetches the rows of the draws this many places ahead of it.
+DESCENT_PREFETCH_AHEAD = 32
 
 
 @njit(inline="always")
@@ -369,10 +370,17 @@ def _descend_level(src, base, fanout, mass, node, rows, masses, counts, csums): 
     """One untabled level of :func:`descend`: every draw's row scanned, its child and mass updated.
 
     Draws go :data:`SCAN_LANES` at a time; a last, partial group repeats its final draw in the
-    spare lanes and keeps only the real ones.
+    spare lanes and keeps only the real ones. Each group first prefetches the rows of the group
+    :data:`DESCENT_PREFETCH_AHEAD` draws on. (Measured side by side at B = 65,536 against a
+    first pass that loaded one entry per cache line of every row: 0.49 times the time of a whole
+    descent on 2**24 leaves, 0.36 on 2**26, the same on 2**20, where the leaves fit the cache.)
     """
     n = mass.shape[0]
+    row_bytes = fanout * src.itemsize
+    level_start = src.ctypes.data + base * src.itemsize
     for first in range(0, n, SCAN_LANES):
+        for b in range(first + DESCENT_PREFETCH_AHEAD, min(first + DESCENT_PREFETCH_AHEAD + SCAN_LANES, n)):
+            _prefetch_span(level_start + node[b] * row_bytes, row_bytes)
         lanes = min(SCAN_LANES, n - first)
         for i in range(SCAN_LANES):
             b = first + min(i, lanes - 1)
@@ -401,10 +409,11 @@ def descend(leaves, sums, offsets, sizes, shift, uniforms, stratified, order, ou
     prefix sum past the mass belongs to a positive child), or the last positive child when
     ``count`` is the whole row; the mass loses ``csum[count - 1]``. That is the twin's rule.
 
-    Level by level, the rows the draws read next are known before any is scanned, so a first
-    pass loads one entry of each cache line of them: those loads do not wait on one another and
-    their misses overlap, where a draw-by-draw descent waits for each miss in turn. Levels with
-    a prefix table (:data:`TABLE_DRAWS_PER_ROW`) compare precomputed sums instead.
+    Level by level, the rows the draws read next are known before any is scanned, so the scan
+    prefetches the rows of the draws :data:`DESCENT_PREFETCH_AHEAD` places on: their misses
+    overlap with the scans before them, where a draw-by-draw descent waits for each miss in
+    turn. Levels with a prefix table (:data:`TABLE_DRAWS_PER_ROW`) compare precomputed sums
+    instead.
 
     Draws are taken in the order ``order`` gives (int64 ``[B]``, a permutation, or empty for
     ``0 .. B - 1``); results land at each draw's own position, so the order changes no result.
@@ -430,10 +439,6 @@ def descend(leaves, sums, offsets, sizes, shift, uniforms, stratified, order, ou
     for i in range(n):
         b = i if in_order else order[i]
         mass[i] = (uniforms[b] + np.float64(b)) * step if stratified else uniforms[b] * total
-    # 8 float64 or 16 float32 entries to a 64-byte cache line.
-    sums_line = 8
-    leaves_line = 64 // leaves.itemsize
-    touched = 0.0
     for k in range(1, depth + 1):
         leaf = k == depth
         base = 0 if leaf else offsets[k]
@@ -453,17 +458,6 @@ def descend(leaves, sums, offsets, sizes, shift, uniforms, stratified, order, ou
                 mass[b] = m - before
                 node[b] = node[b] * fanout + child
             continue
-        # The loads' sum is kept (in ``touched``) so that the compiler cannot drop them.
-        if leaf:
-            for b in range(n):
-                row = node[b] * fanout
-                for c in range(0, fanout, leaves_line):
-                    touched += leaves[row + c]
-        else:
-            for b in range(n):
-                row = base + node[b] * fanout
-                for c in range(0, fanout, sums_line):
-                    touched += sums[row + c]
         if leaf:
             _descend_level(leaves, base, fanout, mass, node, rows, masses, counts, csums)
         else:
@@ -472,7 +466,6 @@ def descend(leaves, sums, offsets, sizes, shift, uniforms, stratified, order, ou
         b = i if in_order else order[i]
         out_index[b] = node[i]
         out_value[b] = leaves[node[i]]
-    return touched
 
 
 @njit(cache=True, nogil=True)
@@ -494,16 +487,12 @@ def draw(leaves, sums, mins, offsets, sizes, shift, uniforms, stratified, in_mas
         out_weight: ``[B]`` in the leaf dtype, receives ``(value_b / p_min) ** (-beta)`` with
             ``p_min`` the root's minimum (the C library's ``pow``: within an ulp of
             ``torch.pow``'s float64 result, before rounding); or ``[0]`` for no weights.
-
-    Returns:
-        :func:`descend`'s meaningless sum of prefetching loads.
     """
     if in_mass_order and order.shape[0] == 0 and not stratified:
         order = _bucket_order(uniforms)
-    touched = descend(leaves, sums, offsets, sizes, shift, uniforms, stratified, order, out_index, out_value)
+    descend(leaves, sums, offsets, sizes, shift, uniforms, stratified, order, out_index, out_value)
     if out_weight.shape[0]:
         weights(out_value, mins[0], beta, out_weight)
-    return touched
 
 
 @njit(cache=True, nogil=True)
