@@ -548,9 +548,9 @@ def test_cpu_path_overflow_check_near_the_bound(cpu_backend):
 @pytest.mark.parametrize("b", [1, 3, 255, 1000])
 @pytest.mark.parametrize("stratified", [False, True])
 def test_level_by_level_descent_equals_twin(dtype, b, stratified):
-    """Batches below the sorting threshold descend level by level (prefix tables on the upper
-    levels from 256 draws, prefetch passes, scans without branches): the twin's draws exactly,
-    on a tree with zero leaves and a padded last row."""
+    """Batches below the sorting threshold descend level by level (a prefix table for a level
+    from 4 draws per row, 132 here for the third, prefetches ahead of the scans, scans without
+    branches): the twin's draws exactly, on a tree with zero leaves and a padded last row."""
     assert b < sumtree_module._SORTED_DRAWS
     gen = torch.Generator().manual_seed(b)
     capacity = 2**15 + 77
