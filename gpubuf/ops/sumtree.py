@@ -42,7 +42,9 @@ Ops
 ---
 * :func:`sumtree_update` (twin :func:`sumtree_update_ref`): set ``B`` leaves, bring their
   ancestors up to date, and raise a running maximum of the priorities; ``O(B * F * D)`` work at
-  any capacity (each distinct ancestor once; contiguous writes touch contiguous parents).
+  any capacity (each distinct ancestor once; the compiled CPU update sorts the leaves it wrote
+  and refreshes their ancestors in one pass in that order, so each row is read once, in order
+  of address).
 * :func:`sumtree_sample` (twin :func:`sumtree_sample_ref`): ``B`` uniforms to leaf indices and
   leaf values by descending the tree; :func:`sumtree_sample_weighted`: the same with the
   importance weights instead of the values, one kernel call on every backend.
@@ -660,7 +662,7 @@ def _update_numba(
         return
     kernels = kernel_module("cpu.sumtree")
     arrays = tree._numpy_arrays()
-    status, _ = kernels.update(
+    status = kernels.update(
         arrays.leaves, arrays.sums, arrays.mins, arrays.offsets, arrays.sizes, arrays.shift, _numpy(index),
         _numpy(priority), values.numpy(), limit, _NO_MAX.copy() if max_priority is None else max_priority.numpy(),
     )

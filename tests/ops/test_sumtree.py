@@ -16,6 +16,7 @@ import torch
 
 from gpubuf.errors import DeviceMismatchError, IndexOutOfRangeError, PriorityError
 from gpubuf.ops import sumtree as sumtree_module
+from gpubuf.ops._dispatch import kernel_module
 from gpubuf.ops.sumtree import (
     SumTree,
     importance_weights,
@@ -209,25 +210,39 @@ def test_update_work_is_local(which):
     assert written == [1, 2, 2, 2]  # two paths sharing the root
 
 
-@pytest.mark.parametrize("dense", [False, True])
-def test_update_refreshes_each_ancestor_of_a_large_batch(dense, monkeypatch):
-    """The compiled update dedupes a level's ancestors with a byte per node or with a hash set
-    sized for the batch (whichever the level's size calls for): contiguous runs, repeats far
-    apart and random indices all leave exactly the twin's tree."""
-    if dense:
-        capacity, b = 5000, 3000
-    else:
-        capacity, b = 2**16, 600
-    gen = torch.Generator().manual_seed(capacity)
+@pytest.mark.parametrize("capacity,b", [(5000, 3000), (2**16, 600), (2**16, 40), (2**20 + 3, 70)])
+def test_update_refreshes_each_ancestor_of_a_large_batch(capacity, b):
+    """The compiled update sorts the leaves it wrote (a radix sort from 64 entries, an insertion
+    pass below; input in order is kept as it is) and refreshes their ancestors in one pass in that
+    order: contiguous runs, repeats far apart, negative and random indices all leave exactly the
+    twin's tree."""
+    gen = torch.Generator().manual_seed(capacity + b)
     fast, twin = SumTree(capacity, fanout=4), SumTree(capacity, fanout=4)
-    for step in range(3):
+    for step in range(4):
         index = torch.randint(-1, capacity, (b,), generator=gen)
         index[: b // 3] = torch.arange(b // 3) + step * 7  # a contiguous run
         index[b // 3 :: 5] = index[b // 3]  # one index again and again, far apart
+        if step == 3:
+            index = index.sort().values  # in order already: no sort
         priority = torch.rand(b, generator=gen, dtype=torch.float64)
         sumtree_update(fast, index, priority, alpha=0.5, backend="numba")
         sumtree_update_ref(twin, index, priority, alpha=0.5)
         assert _same(fast, twin), f"step {step}"
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 63, 64, 1000, 70_000])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int16])
+def test_update_sorts_the_leaves_it_refreshes(n, dtype):
+    """The compiled update's sort of the leaves it wrote: increasing order, repeats kept, for
+    spans from one value to a whole dtype's range, at the low and high ends."""
+    sort = kernel_module("cpu.sumtree")._sort_leaves
+    gen = torch.Generator().manual_seed(n)
+    top = torch.iinfo(dtype).max
+    for low, high in [(0, 4), (0, 1000), (0, top), (top - 4, top)]:
+        keys = torch.randint(low, high, (n,), generator=gen, dtype=torch.int64).to(dtype).to(torch.int64)
+        want = keys.sort().values
+        assert torch.equal(torch.from_numpy(sort(keys.numpy().copy())), want), (low, high)
+        assert torch.equal(torch.from_numpy(sort(want.numpy().copy())), want)  # in order: as it is
 
 
 # ------------------------------------------------------------------------------ min
@@ -533,9 +548,9 @@ def test_cpu_path_overflow_check_near_the_bound(cpu_backend):
 @pytest.mark.parametrize("b", [1, 3, 255, 1000])
 @pytest.mark.parametrize("stratified", [False, True])
 def test_level_by_level_descent_equals_twin(dtype, b, stratified):
-    """Batches below the sorting threshold descend level by level (prefix tables on the upper
-    levels from 256 draws, prefetch passes, scans without branches): the twin's draws exactly,
-    on a tree with zero leaves and a padded last row."""
+    """Batches below the sorting threshold descend level by level (a prefix table for a level
+    from 4 draws per row, 132 here for the third, prefetches ahead of the scans, scans without
+    branches): the twin's draws exactly, on a tree with zero leaves and a padded last row."""
     assert b < sumtree_module._SORTED_DRAWS
     gen = torch.Generator().manual_seed(b)
     capacity = 2**15 + 77
