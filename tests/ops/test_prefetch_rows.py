@@ -54,7 +54,7 @@ def test_prefetching_addresses_that_hold_nothing_does_not_fault():
     targets = np.array([(freed.data_ptr(), 64, 64)], dtype=np.int64)
     del freed
     nowhere = np.array([(64, 1 << 30, 256)], dtype=np.int64)  # page zero, then terabytes past it
-    prefetch = kernel_module("cpu.gather_rows").prefetch_rows
+    prefetch = kernel_module("cpu.prefetch").prefetch_rows
     prefetch(targets, index)
     prefetch(nowhere, index)
 

@@ -1,11 +1,13 @@
-"""The compiled CPU half of the row gather: software prefetch of the rows a gather is about to read.
+"""Software prefetch, as compiled CPU loops: the hint under the row gather and the sum tree.
 
-The torch twin :func:`gpubuf.ops.gather_rows.gather_rows_ref` (``index_select`` per source)
-copies the rows; this kernel runs just before it. A sample of a few hundred rows out of a large
-storage misses the cache on nearly every row of every field. ``index_select`` copies one field at
-a time, row after row, and the processor overlaps only the few misses its reorder window
-reaches. Prefetch instructions for every cache line of every sampled row, issued first, let the
-memory system fetch many lines at once; the copies that follow then read from the cache.
+The row gather's twin :func:`gpubuf.ops.gather_rows.gather_rows_ref` (``index_select`` per
+source) copies the rows; :func:`prefetch_rows` runs just before it, and is the gather's row of
+the backend table. A sample of a few hundred rows out of a large storage misses the cache on
+nearly every row of every field. ``index_select`` copies one field at a time, row after row, and
+the processor overlaps only the few misses its reorder window reaches. Prefetch instructions for
+every cache line of every sampled row, issued first, let the memory system fetch many lines at
+once; the copies that follow then read from the cache. The sum tree's compiled update and draw
+use :func:`prefetch_line` on the rows they will visit next.
 
 A prefetch is a hint: it never faults, changes no memory and no result, and the processor may
 drop it. A stale or wrong address costs a wasted fetch at worst, never a crash.
