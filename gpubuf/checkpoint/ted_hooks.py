@@ -43,8 +43,8 @@ class TED2Flat:
         >>> rb.register_save_hook(TED2Flat())
     """
 
-    _shift: int | None = None
-    _is_full: bool | None = None
+    shift: int | None = None
+    is_full: bool | None = None
 
     def __init__(
         self,
@@ -59,22 +59,6 @@ class TED2Flat:
         self.is_full_key = is_full_key
         self.done_keys = {unravel_key(key) for key in done_keys}
         self.reward_keys = {unravel_key(key) for key in reward_keys}
-
-    @property
-    def shift(self):
-        return self._shift
-
-    @shift.setter
-    def shift(self, value: int):
-        self._shift = value
-
-    @property
-    def is_full(self):
-        return self._is_full
-
-    @is_full.setter
-    def is_full(self, value: int):
-        self._is_full = value
 
     def __call__(self, data: TensorDictBase, path: Path = None):
         # Get the done state
@@ -206,19 +190,8 @@ class Flat2TED:
         >>> rb_load.register_load_hook(Flat2TED())
     """
 
-    def __init__(
-        self,
-        done_key="done",
-        shift_key="shift",
-        is_full_key="is_full",
-        done_keys=DEFAULT_DONE_KEYS,
-        reward_keys=("reward",),
-    ):
-        self.done_key = done_key
-        self.shift_key = shift_key
-        self.is_full_key = is_full_key
-        self.done_keys = {unravel_key(key) for key in done_keys}
-        self.reward_keys = {unravel_key(key) for key in reward_keys}
+    def __init__(self, done_key="done", *args, **kwargs):
+        TED2Flat.__init__(self, done_key, *args, **kwargs)
 
     def __call__(self, data: TensorDictBase, out: TensorDictBase = None):
         _storage_shape = data.get_non_tensor("_storage_shape", default=None)
