@@ -260,14 +260,6 @@ class CompressedListStorage(ListStorage):
         return metadata["value"]
 
     # ------------------------------------------------------------------ writing
-    def _set_item(self, cursor: int, data: Any) -> None:
-        while len(self._storage) <= cursor:
-            self._storage.append(None)
-            self._metadata.append(None)
-        compressed, metadata = self._compress_item(data)
-        self._storage[cursor] = compressed
-        self._metadata[cursor] = metadata
-
     @staticmethod
     def _single(cursor: Any) -> bool:
         return is_int(cursor) or (isinstance(cursor, (torch.Tensor, np.ndarray)) and cursor.ndim == 0)
@@ -292,7 +284,7 @@ class CompressedListStorage(ListStorage):
                 return self._set_rows(cursor, data)
             except _MISFIT:
                 self._to_items()
-        if is_int(cursor) or (isinstance(cursor, (torch.Tensor, np.ndarray)) and cursor.ndim == 0):
+        if self._single(cursor):
             positions, items = [int(cursor)], [data]
         elif isinstance(cursor, slice):
             positions = list(range(len(self._storage)))[cursor]
@@ -316,16 +308,7 @@ class CompressedListStorage(ListStorage):
                     f"cannot set item {position}: the storage holds {len(self._storage)} items; expected the position of "
                     "a stored item (add() or extend() append new ones)"
                 )
-            if position > size:
-                raise WritePositionError(
-                    "Cannot append data located more than one item away from the storage size: the storage size is "
-                    f"{size} and the index of the item to be set is {position}."
-                )
-            if position >= self.max_size:
-                raise WritePositionError(
-                    f"Cannot append data to the list storage: maximum capacity is {self.max_size} and the index of the "
-                    f"item to be set is {position}."
-                )
+            self._check_cursor(position, size)
             size = max(size, position + 1)
         compressed = [self._compress_item(self._to_device(item)) for item in items]
         self._check_structure(positions, [metadata for _, metadata in compressed])
