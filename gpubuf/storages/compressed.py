@@ -52,7 +52,6 @@ from gpubuf.errors import (
     DTypeMismatchError,
     IndexOutOfRangeError,
     InvalidArgumentError,
-    InvalidIndexError,
     SchemaMismatchError,
     StateDictError,
     StateDictKeyError,
@@ -63,7 +62,7 @@ from gpubuf.storages._layout import Layout, is_tensor_collection
 from gpubuf.storages._row_store import RowStore
 from gpubuf.storages.frame_stack import FrameStackStorage
 from gpubuf.storages.items import is_int
-from gpubuf.storages.list import ListStorage
+from gpubuf.storages.list import ListStorage, _positions
 
 #: Errors by which the rows' storage refuses a write that does not fit its layout (raised
 #: before anything is written).
@@ -735,20 +734,3 @@ def _unbound(data: Any) -> list:
     if isinstance(data, (list, tuple, range, set, np.ndarray)):
         return list(data)
     return [data]  # one item written at every position of a slice
-
-
-def _positions(cursor: Any) -> list[int]:
-    """A sequence, array or tensor of positions as a list of ints; a boolean mask as the positions it selects."""
-    if isinstance(cursor, (torch.Tensor, np.ndarray)):
-        tensor = torch.as_tensor(cursor)
-        if tensor.dtype == torch.bool:
-            tensor = tensor.reshape(-1).nonzero().squeeze(-1)
-        if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
-            raise InvalidIndexError(f"positions of dtype {tensor.dtype}: expected integers")
-        return tensor.reshape(-1).tolist()
-    values = list(cursor)
-    if values and all(isinstance(v, (bool, np.bool_)) for v in values):
-        return [i for i, v in enumerate(values) if v]
-    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
-        raise InvalidIndexError("positions holding values other than ints: expected integer positions")
-    return [int(v) for v in values]
