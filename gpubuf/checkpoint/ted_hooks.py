@@ -143,8 +143,10 @@ class Flat2TED:
         >>> rb_load.register_load_hook(Flat2TED())
     """
 
-    def __init__(self, done_key="done", *args, **kwargs):
-        TED2Flat.__init__(self, done_key, *args, **kwargs)
+    def __init__(
+        self, done_key="done", shift_key="shift", is_full_key="is_full", done_keys=DEFAULT_DONE_KEYS, reward_keys=("reward",)
+    ):
+        TED2Flat.__init__(self, done_key, shift_key, is_full_key, done_keys, reward_keys)
 
     def __call__(self, data: TensorDictBase, out: TensorDictBase = None):
         storage_shape = data.get_non_tensor("_storage_shape", default=None)
