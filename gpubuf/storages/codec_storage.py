@@ -177,10 +177,6 @@ class EncodedStorageBase(Storage):
         return self._layout is not None
 
     @property
-    def layout(self) -> Layout | None:
-        return self._layout
-
-    @property
     def _len(self) -> int:
         return self._len_value
 

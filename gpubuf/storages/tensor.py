@@ -164,11 +164,6 @@ class TensorStorage(Storage):
             return None
         return torch.Size([self._capacity_along_dim0, *self._rest_shape])
 
-    @property
-    def layout(self) -> Layout | None:
-        """The structure of the stored items (keys, dtypes, item shapes), once known."""
-        return self._layout
-
     # ------------------------------------------------------------------ initialisation
     def _install(self, layout: Layout, leaves: list[torch.Tensor]) -> None:
         self._layout = layout
