@@ -63,6 +63,7 @@ from gpubuf.storages._row_store import RowStore
 from gpubuf.storages.frame_stack import FrameStackStorage
 from gpubuf.storages.items import is_int
 from gpubuf.storages.list import ListStorage, _positions
+from gpubuf.storages.checks import check_state_keys
 
 #: Errors by which the rows' storage refuses a write that does not fit its layout (raised
 #: before anything is written).
@@ -564,11 +565,7 @@ class CompressedListStorage(ListStorage):
             StateDictError: not two lists of one length (at most ``max_size``) with a metadata
                 dict per item (None for an unset slot); nothing changes.
         """
-        if not isinstance(state_dict, dict):
-            raise StateDictError(f"storage state: expected a dict, got {type(state_dict).__name__}")
-        for key in ("_storage", "_metadata"):
-            if key not in state_dict:
-                raise StateDictKeyError(f"storage state: missing key {key!r} (expected the keys of state_dict())")
+        check_state_keys(state_dict, ("_storage", "_metadata"), "storage state")
         items, metadata = state_dict["_storage"], state_dict["_metadata"]
         if (
             not isinstance(items, (list, tuple))
