@@ -151,7 +151,7 @@ class EncodedStorageBase(Storage):
         self._layout: Layout | None = None
         self._plain: dict[int, torch.Tensor] = {}  # leaf position -> [max_size, *shape] tensor
         self._encoded: list[int] = []  # leaf positions kept encoded
-        self._len_value = 0
+        self._len = 0
 
     # ------------------------------------------------------------------ subclass hooks
     def _choose(self, layout: Layout) -> list[int]:
@@ -175,14 +175,6 @@ class EncodedStorageBase(Storage):
     @property
     def initialized(self) -> bool:
         return self._layout is not None
-
-    @property
-    def _len(self) -> int:
-        return self._len_value
-
-    @_len.setter
-    def _len(self, value: int) -> None:
-        self._len_value = int(value)
 
     def __len__(self) -> int:
         return self._len

@@ -94,7 +94,7 @@ class TensorStorage(Storage):
         self._leaves: list[torch.Tensor] | None = None
         self._flat_leaves: list[torch.Tensor] | None = None
         self._rest_shape = torch.Size()  # dims 1..ndim-1 of the storage
-        self._len_value = 0
+        self._len = 0
         self._auto_device = device in AUTO_DEVICE
         self.device = "auto" if self._auto_device else as_device(device)
         if storage is not None:
@@ -117,14 +117,6 @@ class TensorStorage(Storage):
     @property
     def initialized(self) -> bool:
         return self._leaves is not None
-
-    @property
-    def _len(self) -> int:
-        return self._len_value
-
-    @_len.setter
-    def _len(self, value: int) -> None:
-        self._len_value = int(value)
 
     def __len__(self) -> int:
         return self._len
