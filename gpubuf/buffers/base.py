@@ -27,7 +27,6 @@ from gpubuf.buffers._validate import (
 from gpubuf.errors import (
     BatchSizeError,
     CapacityError,
-    DeviceMismatchError,
     ComponentTypeError,
     GpubufError,
     InvalidArgumentError,

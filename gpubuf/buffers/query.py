@@ -245,6 +245,12 @@ class _ElementwisePredicate(_Expr):
         )
 
 
+def _check_predicate(predicate: Any) -> None:
+    """Refuses an elementwise comparison not reduced with ``.any()`` / ``.all()``."""
+    if isinstance(predicate, _ElementwisePredicate):
+        predicate()
+
+
 class _ComparableExpr:
     """Mixin providing the comparison dunders shared by trajectory expressions.
 
@@ -397,21 +403,11 @@ traj = _TrajectoryRef()
 
 def _last_write_index(cursor) -> int | None:
     """Best-effort extraction of the last written flat index from a storage cursor."""
-    if cursor is None:
-        return None
-    if isinstance(cursor, torch.Tensor):
-        if cursor.numel() == 0:
-            return None
-        return int(cursor.reshape(-1)[-1])
-    if isinstance(cursor, np.ndarray):
-        if cursor.size == 0:
-            return None
-        return int(cursor.reshape(-1)[-1])
-    if isinstance(cursor, range):
-        return cursor[-1] if len(cursor) else None
-    if isinstance(cursor, int):
-        return cursor
-    return None
+    if isinstance(cursor, (torch.Tensor, np.ndarray)):
+        cursor = cursor.reshape(-1)
+    if isinstance(cursor, (torch.Tensor, np.ndarray, range)):
+        return int(cursor[-1]) if len(cursor) else None
+    return cursor if isinstance(cursor, int) else None
 
 
 def _boundary_signal(
@@ -617,12 +613,7 @@ def _query_source(
     extracted in full, with the complete transform chain applied per
     trajectory, mirroring what a sampler would return.
     """
-    if isinstance(predicate, _ElementwisePredicate):
-        raise TypeError(
-            f"{predicate._description} compares per-transition values and is "
-            "ambiguous as a trajectory filter. Call .any() or .all() to "
-            "reduce it to a single boolean."
-        )
+    _check_predicate(predicate)
     if not source.batch_dims:
         raise ValueError(
             "Trajectory queries expect a storage with at least one batch "
@@ -645,53 +636,31 @@ def _query_source(
     )
 
     transforms = list(transforms)
-    eval_source = None
-    eval_transforms = transforms
-    eval_is_full = True
+    eval_source, eval_transforms, fetch_keys = source, transforms, None
     if predicate is not None:
-        required = None
-        required_keys_fn = getattr(predicate, "required_keys", None)
-        if callable(required_keys_fn):
-            required = required_keys_fn()
-        if required is None:
-            eval_source = source
-        else:
-            expanded = _expand_required_keys(required)
-            eval_transforms, fetch_keys = _minimal_transform_plan(transforms, expanded)
-            if fetch_keys is None:
-                eval_source = source
-            else:
+        required_keys = getattr(predicate, "required_keys", None)
+        required = required_keys() if callable(required_keys) else None
+        if required is not None:
+            eval_transforms, fetch_keys = _minimal_transform_plan(transforms, _expand_required_keys(required))
+            if fetch_keys is not None:
                 eval_source = source.select(*fetch_keys, strict=False)
-                eval_is_full = False
-        eval_is_full = eval_is_full and len(eval_transforms) == len(transforms)
         if eval_transforms and eval_source is source:
             eval_source = source.copy()
         eval_source = _apply_transforms(eval_source, eval_transforms)
+    # A trajectory evaluated on every key and through every transform is returned as it is.
+    eval_is_full = fetch_keys is None and len(eval_transforms) == len(transforms)
 
     results = []
     for position in order.tolist():
-        start = start_idx[position]
-        stop = stop_idx[position]
-        length = int(lengths[position])
-        if predicate is None:
-            matched = True
-            eval_trajectory = None
-        else:
-            eval_data = _extract_trajectory_data(
-                eval_source, start, stop, length, storage_length
-            )
-            eval_trajectory = Trajectory(eval_data)
-            matched = bool(predicate(eval_trajectory))
-        if not matched:
-            continue
-        if eval_trajectory is not None and eval_is_full:
-            results.append(eval_trajectory)
-            continue
-        full_data = _extract_trajectory_data(
-            source, start, stop, length, storage_length
-        )
-        full_data = _apply_transforms(full_data, transforms)
-        results.append(Trajectory(full_data))
+        span = (start_idx[position], stop_idx[position], int(lengths[position]), storage_length)
+        if predicate is not None:
+            trajectory = Trajectory(_extract_trajectory_data(eval_source, *span))
+            if not predicate(trajectory):
+                continue
+            if eval_is_full:
+                results.append(trajectory)
+                continue
+        results.append(Trajectory(_apply_transforms(_extract_trajectory_data(source, *span), transforms)))
     return results
 
 
@@ -770,12 +739,7 @@ def filter_trajectories(
         >>> from gpubuf import filter_trajectories, traj
         >>> good = filter_trajectories(data, traj.reward.sum() > 100)
     """
-    if isinstance(predicate, _ElementwisePredicate):
-        raise TypeError(
-            f"{predicate._description} compares per-transition values and is "
-            "ambiguous as a trajectory filter. Call .any() or .all() to "
-            "reduce it to a single boolean."
-        )
+    _check_predicate(predicate)
     return [
         trajectory
         for trajectory in iter_trajectories(data, trajectory_key)

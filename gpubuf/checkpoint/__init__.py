@@ -26,13 +26,10 @@ from gpubuf.checkpoint.buffer import (
     load_component,
     load_storage,
 )
-from gpubuf.checkpoint.checkpointers import (
-    CompressedListStorageCheckpointer,
-    ListStorageCheckpointer,
-    StorageCheckpointerBase,
-    StorageEnsembleCheckpointer,
-    TensorStorageCheckpointer,
-)
+from gpubuf.checkpoint.base import StorageCheckpointerBase
+from gpubuf.checkpoint.ensemble import StorageEnsembleCheckpointer
+from gpubuf.checkpoint.list_storage import CompressedListStorageCheckpointer, ListStorageCheckpointer
+from gpubuf.checkpoint.tensor_storage import TensorStorageCheckpointer
 from gpubuf.checkpoint.codecs import Codec, Context, H5Array, LiveFile, StateDictCodec, codec_for, register_codec
 from gpubuf.checkpoint.errors import (
     CheckpointCorruptError,

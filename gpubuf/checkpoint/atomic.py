@@ -132,17 +132,27 @@ def recover(final: Path) -> None:
             fsync_path(parent, directory=True)
         else:
             shutil.rmtree(prev, ignore_errors=True)
-    prefix = f".{final.name}{TMP_MARK}"
+    remove_dead(parent, f".{final.name}{TMP_MARK}")
+
+
+def remove_dead(root: Path, prefix: str, *, files: bool = False) -> None:
+    """Removes the directories (``files``: the files) in ``root`` named ``<prefix><pid>-...``
+    whose process no longer runs: what killed dumps and loads left behind."""
     try:
-        entries = list(os.scandir(parent))
+        entries = list(os.scandir(root))
     except OSError:
         return
     for entry in entries:
-        if not entry.name.startswith(prefix) or not entry.is_dir(follow_symlinks=False):
+        if not entry.name.startswith(prefix):
+            continue
+        if not (entry.is_file if files else entry.is_dir)(follow_symlinks=False):
             continue
         pid = entry.name[len(prefix) :].split("-", 1)[0]
         if pid.isdigit() and not alive(int(pid)):
-            shutil.rmtree(entry.path, ignore_errors=True)
+            if files:
+                os.unlink(entry.path)
+            else:
+                shutil.rmtree(entry.path, ignore_errors=True)
 
 
 GEN_MARK = ".gpubuf-ckpt-"
@@ -227,15 +237,10 @@ def recover_in_place(final: Path, referenced: set[str]) -> None:
     except OSError:
         return
     for entry in entries:
-        if entry.name in referenced:
-            continue
-        if entry.name.startswith(GEN_MARK) and entry.is_dir(follow_symlinks=False):
+        if entry.name not in referenced and entry.name.startswith(GEN_MARK) and entry.is_dir(follow_symlinks=False):
             if not _busy(entry.path):
                 shutil.rmtree(entry.path, ignore_errors=True)
-        elif entry.name.startswith(META_TMP_MARK) and entry.is_file(follow_symlinks=False):
-            pid = entry.name[len(META_TMP_MARK):].split("-", 1)[0]
-            if pid.isdigit() and not alive(int(pid)):
-                os.unlink(entry.path)
+    remove_dead(final, META_TMP_MARK, files=True)
 
 
 def alive(pid: int) -> bool:

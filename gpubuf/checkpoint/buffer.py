@@ -23,7 +23,7 @@ import torch
 from gpubuf._version import __version__
 from gpubuf.checkpoint import atomic, torchrl_import
 from gpubuf.checkpoint.arrays import ArraySet, parse_tables, read_arrays
-from gpubuf.checkpoint.codecs import Codec, Context, H5Array, LiveFile, codec_for, is_memmap, storage_codec
+from gpubuf.checkpoint.codecs import Codec, Context, H5Array, LiveFile, _array, codec_for, is_memmap, storage_codec
 from gpubuf.checkpoint.errors import (
     CheckpointCorruptError,
     CheckpointIOError,
@@ -478,14 +478,14 @@ def _prepare_buffer(buffer: Any, entry: Any, arrays: dict) -> tuple[Any, Any]:
     batch_size = require_int(entry, "batch_size", where, minimum=1, nullable=True)
     transforms = None
     if entry.get("transforms") is not None:
-        transforms = Decoder(lambda name: _get(arrays, name)).decode(entry["transforms"], "transform states")
+        transforms = Decoder(lambda name: _array(arrays, name)).decode(entry["transforms"], "transform states")
         if not isinstance(transforms, dict):
             raise CheckpointCorruptError(f"{where}.transforms: expected a dict")
     generator = None
     rng = entry.get("rng")
     if rng is not None:
         device = require(rng, "device", str, f"{where}.rng")
-        state = _get(arrays, require(rng, "state", str, f"{where}.rng"))
+        state = _array(arrays, require(rng, "state", str, f"{where}.rng"))
         generator = _generator(device, state)
 
     def load_transforms() -> None:
@@ -526,13 +526,6 @@ def _generator(device: str, state: torch.Tensor) -> torch.Generator | None:
     except (RuntimeError, ValueError) as err:
         raise CheckpointCorruptError(f"the generator state is invalid: {err}") from None
     return generator
-
-
-def _get(arrays: dict, name: str) -> torch.Tensor:
-    try:
-        return arrays[name]
-    except KeyError:
-        raise CheckpointCorruptError(f"array {name!r} is referenced but not in the checkpoint") from None
 
 
 # ---------------------------------------------------------------------- one sampler or writer

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpubuf.checkpoint.atomic import alive
+from gpubuf.checkpoint.atomic import remove_dead
 from gpubuf.storages import _memmap_files
 from gpubuf.storages.memmap import LazyMemmapStorage
 
@@ -71,7 +71,7 @@ class Staging:
             if not root.is_dir():
                 root.mkdir(parents=True)
                 self.made_scratch = True
-            _remove_dead(root)
+            remove_dead(root, STAGE_MARK)
         self.directory = root / f"{STAGE_MARK}{os.getpid()}-{secrets.token_hex(4)}"
         self.directory.mkdir()
         return self.directory
@@ -107,16 +107,3 @@ def staging_for(storage: Any, codec: Any) -> Staging | None:
     if storage.initialized or storage._state.shared or storage._load_hooks:
         return None
     return Staging(prefix="storage/", scratch_dir=storage.scratch_dir)
-
-
-def _remove_dead(root: Path) -> None:
-    """Removes the copies that killed loads left in ``root``."""
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return
-    for entry in entries:
-        if entry.name.startswith(STAGE_MARK) and entry.is_dir(follow_symlinks=False):
-            pid = entry.name[len(STAGE_MARK) :].split("-", 1)[0]
-            if pid.isdigit() and not alive(int(pid)):
-                shutil.rmtree(entry.path, ignore_errors=True)

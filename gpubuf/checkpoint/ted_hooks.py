@@ -43,8 +43,8 @@ class TED2Flat:
         >>> rb.register_save_hook(TED2Flat())
     """
 
-    _shift: int | None = None
-    _is_full: bool | None = None
+    shift: int | None = None
+    is_full: bool | None = None
 
     def __init__(
         self,
@@ -60,130 +60,67 @@ class TED2Flat:
         self.done_keys = {unravel_key(key) for key in done_keys}
         self.reward_keys = {unravel_key(key) for key in reward_keys}
 
-    @property
-    def shift(self):
-        return self._shift
-
-    @shift.setter
-    def shift(self, value: int):
-        self._shift = value
-
-    @property
-    def is_full(self):
-        return self._is_full
-
-    @is_full.setter
-    def is_full(self, value: int):
-        self._is_full = value
-
     def __call__(self, data: TensorDictBase, path: Path = None):
-        # Get the done state
         shift = self.shift
         is_full = self.is_full
-
-        # Create an output storage
         output = TensorDict()
         output.set_non_tensor(self.is_full_key, is_full)
         output.set_non_tensor(self.shift_key, shift)
         output.set_non_tensor("_storage_shape", tuple(data.shape))
         output.memmap_(path)
 
-        # Preallocate the output
         done = data.get(self.done_key).squeeze(-1).clone()
         if not is_full:
-            # shift is the cursor place
-            done[shift - 1] = True
+            done[shift - 1] = True  # shift is the cursor place
         else:
             done = done.roll(-shift, dims=0)
             done[-1] = True
-        ntraj = done.sum()
-
-        # Get the keys that require extra storage
-        keys_to_expand = set(data.get("next").keys(True, True)) - (
-            self.done_keys.union(self.reward_keys)
-        )
-
-        total_keys = data.exclude("next").keys(True, True)
-        total_keys = set(total_keys).union(set(data.get("next").keys(True, True)))
-
-        len_with_offset = data.numel() + ntraj  # + done[0].numel()
+        # Done and reward entries are taken from "next"; the other "next" entries take a row
+        # more per trajectory (its last observation).
+        from_next = self.done_keys | self.reward_keys
+        next_keys = set(data.get("next").keys(True, True))
+        keys_to_expand = next_keys - from_next
+        total_keys = set(data.exclude("next").keys(True, True)) | next_keys
+        len_with_offset = data.numel() + done.sum()
         for key in total_keys:
-            if key in (self.done_keys.union(self.reward_keys)):
-                entry = data.get(("next", key))
-            else:
-                entry = data.get(key)
-
+            entry = data.get(("next", key) if key in from_next else key)
             rows = len_with_offset if key in keys_to_expand else data.numel()
             output.make_memmap(key, shape=torch.Size([rows, *entry.shape[data.ndim :]]), dtype=entry.dtype)
 
-        if data.ndim == 1:
-            return self._call(
-                data=data,
-                output=output,
-                is_full=is_full,
-                shift=shift,
-                done=done,
-                total_keys=total_keys,
-                keys_to_expand=keys_to_expand,
-            )
+        def write(data, output, done):
+            self._call(data=data, output=output, is_full=is_full, shift=shift, done=done, total_keys=total_keys,
+                       keys_to_expand=keys_to_expand, from_next=from_next)
 
-        with data.flatten(1, -1) if data.ndim > 2 else contextlib.nullcontext(
-            data
-        ) as data_flat:
+        if data.ndim == 1:
+            write(data, output, done)
+            return output
+        with data.flatten(1, -1) if data.ndim > 2 else contextlib.nullcontext(data) as data_flat:
             if data.ndim > 2:
                 done = done.flatten(1, -1)
             slices = _column_slices(data_flat.shape[0], done.sum(0))
-            for data_slice, done_slice, (cur_slice, cur_slice_offset) in zip(
-                data_flat.unbind(1), done.unbind(1), slices
-            ):
-
-                def _index(
-                    key,
-                    val,
-                    keys_to_expand=keys_to_expand,
-                    cur_slice=cur_slice,
-                    cur_slice_offset=cur_slice_offset,
-                ):
-                    if key in keys_to_expand:
-                        return val[cur_slice_offset]
-                    return val[cur_slice]
-
-                out_slice = output.named_apply(_index, nested_keys=True)
-                self._call(
-                    data=data_slice,
-                    output=out_slice,
-                    is_full=is_full,
-                    shift=shift,
-                    done=done_slice,
-                    total_keys=total_keys,
-                    keys_to_expand=keys_to_expand,
+            for data_slice, done_slice, (rows, rows_expanded) in zip(data_flat.unbind(1), done.unbind(1), slices):
+                out_slice = output.named_apply(
+                    lambda key, val, rows=rows, rows_expanded=rows_expanded: val[
+                        rows_expanded if key in keys_to_expand else rows
+                    ],
+                    nested_keys=True,
                 )
+                write(data_slice, out_slice, done_slice)
         return output
 
-    def _call(self, *, data, output, is_full, shift, done, total_keys, keys_to_expand):
-        # capture for each item in data where the observation should be written
+    def _call(self, *, data, output, is_full, shift, done, total_keys, keys_to_expand, from_next):
+        # Where each step's observation goes, and where the last observation of each trajectory.
         idx = torch.arange(data.shape[0])
         idx_done = (idx + done.cumsum(0))[done]
         idx += torch.nn.functional.pad(done, [1, 0])[:-1].cumsum(0)
-
         for key in total_keys:
-            if key in (self.done_keys.union(self.reward_keys)):
-                entry = data.get(("next", key))
-            else:
-                entry = data.get(key)
-
+            entry = data.get(("next", key) if key in from_next else key)
             mmap = output.get(key)
             if key in keys_to_expand:
                 shifted_next = data.get(("next", key))
                 if is_full:
                     _roll_inplace(entry, shift=-shift, out=mmap, index_dest=idx)
-                    _roll_inplace(
-                        shifted_next,
-                        shift=-shift,
-                        out=mmap,
-                        index_dest=idx_done,
-                        index_source=done,
-                    )
+                    _roll_inplace(shifted_next, shift=-shift, out=mmap, index_dest=idx_done, index_source=done)
                 else:
                     mmap[idx] = entry
                     mmap[idx_done] = shifted_next[done]
@@ -207,162 +144,94 @@ class Flat2TED:
     """
 
     def __init__(
-        self,
-        done_key="done",
-        shift_key="shift",
-        is_full_key="is_full",
-        done_keys=DEFAULT_DONE_KEYS,
-        reward_keys=("reward",),
+        self, done_key="done", shift_key="shift", is_full_key="is_full", done_keys=DEFAULT_DONE_KEYS, reward_keys=("reward",)
     ):
-        self.done_key = done_key
-        self.shift_key = shift_key
-        self.is_full_key = is_full_key
-        self.done_keys = {unravel_key(key) for key in done_keys}
-        self.reward_keys = {unravel_key(key) for key in reward_keys}
+        TED2Flat.__init__(self, done_key, shift_key, is_full_key, done_keys, reward_keys)
 
     def __call__(self, data: TensorDictBase, out: TensorDictBase = None):
-        _storage_shape = data.get_non_tensor("_storage_shape", default=None)
-        if isinstance(_storage_shape, int):
-            _storage_shape = torch.Size([_storage_shape])
+        storage_shape = data.get_non_tensor("_storage_shape", default=None)
+        if isinstance(storage_shape, int):
+            storage_shape = torch.Size([storage_shape])
         shift = data.get_non_tensor(self.shift_key, default=None)
         is_full = data.get_non_tensor(self.is_full_key, default=None)
         done = (
-            data.get("done")
-            .reshape((*_storage_shape[1:], -1))
-            .contiguous()
-            .permute(-1, *range(0, len(_storage_shape) - 1))
-            .clone()
+            data.get("done").reshape((*storage_shape[1:], -1)).contiguous()
+            .permute(-1, *range(0, len(storage_shape) - 1)).clone()
         )
-        if not is_full:
-            # shift is the cursor place
-            done[shift - 1] = True
-        else:
-            done[-1] = True
-
-        if _storage_shape is not None and len(_storage_shape) > 1:
-            # iterate over data and allocate
-            if out is None:
-                out = TensorDict(batch_size=_storage_shape)
-                for i in range(1, out.ndim):
-                    if i >= 2:
-                        # FLattening the lazy stack will make the data unavailable - we need to find a way to make this
-                        # possible.
-                        raise RuntimeError(
-                            "Checkpointing an uninitialized buffer with more than 2 dimensions is currently not supported. "
-                            "Please file an issue on GitHub to ask for this feature!"
-                        )
-                    out_list = [
-                        out._get_sub_tensordict((slice(None),) * i + (j,))
-                        for j in range(out.shape[i])
-                    ]
-                    out = lazy_stack(out_list, i)
-
-            # Create a function that reads slices of the input data
-            with out.flatten(1, -1) if out.ndim > 2 else contextlib.nullcontext(
-                out
-            ) as out_flat:
-                nsteps = done.shape[0]
-                n_elt_batch = done.shape[1:].numel()
-                slices = _column_slices(nsteps, done.sum(0))
-                for out_unbound, (cur_slice, cur_slice_offset) in zip(out_flat.unbind(-1), slices):
-
-                    def _index(
-                        key,
-                        val,
-                        cur_slice=cur_slice,
-                        nsteps=nsteps,
-                        n_elt_batch=n_elt_batch,
-                        cur_slice_offset=cur_slice_offset,
-                    ):
-                        if val.shape[0] != (nsteps * n_elt_batch):
-                            return val[cur_slice_offset]
-                        return val[cur_slice]
-
-                    data_slice = data.named_apply(
-                        _index, nested_keys=True, batch_size=[]
-                    )
-                    self._call(
-                        data=data_slice,
-                        out=out_unbound,
-                        is_full=is_full,
-                        shift=shift,
-                        _storage_shape=_storage_shape,
-                    )
-            return out
-        return self._call(
-            data=data,
-            out=out,
-            is_full=is_full,
-            shift=shift,
-            _storage_shape=_storage_shape,
-        )
-
-    def _call(self, *, data, out, _storage_shape, shift, is_full):
-        done = data.get(self.done_key)
-        done = done.clone()
-
+        done[-1 if is_full else shift - 1] = True  # shift is the cursor place
+        if storage_shape is None or len(storage_shape) <= 1:
+            return self._call(data=data, out=out, is_full=is_full, shift=shift)
+        if out is None:
+            if len(storage_shape) > 2:
+                # Flattening the lazy stack would make the data unavailable.
+                raise RuntimeError(
+                    "Checkpointing an uninitialized buffer with more than 2 dimensions is currently not supported. "
+                    "Please file an issue on GitHub to ask for this feature!"
+                )
+            out = TensorDict(batch_size=storage_shape)
+            out = lazy_stack([out._get_sub_tensordict((slice(None), j)) for j in range(out.shape[1])], 1)
         nsteps = done.shape[0]
+        plain_rows = nsteps * done.shape[1:].numel()
+        with out.flatten(1, -1) if out.ndim > 2 else contextlib.nullcontext(out) as out_flat:
+            for out_column, (rows, rows_expanded) in zip(out_flat.unbind(-1), _column_slices(nsteps, done.sum(0))):
+                data_slice = data.named_apply(
+                    lambda key, val, rows=rows, rows_expanded=rows_expanded: val[
+                        rows if val.shape[0] == plain_rows else rows_expanded
+                    ],
+                    nested_keys=True,
+                    batch_size=[],
+                )
+                self._call(data=data_slice, out=out_column, is_full=is_full, shift=shift)
+        return out
 
-        # capture for each item in data where the observation should be written
-        idx = torch.arange(done.shape[0])
-        padded_done = F.pad(done.squeeze(-1), [1, 0])
-        root_idx = idx + padded_done[:-1].cumsum(0)
+    def _call(self, *, data, out, shift, is_full):
+        done = data.get(self.done_key)
+        nsteps = done.shape[0]
+        # Where each step's observation lies in the flat rows; its next observation follows it.
+        root_idx = torch.arange(nsteps) + F.pad(done.squeeze(-1), [1, 0])[:-1].cumsum(0)
         next_idx = root_idx + 1
-
         if out is None:
             out = TensorDict(batch_size=[nsteps])
 
         def maybe_roll(entry, out=None):
             if is_full and shift is not None:
-                if out is not None:
-                    _roll_inplace(entry, shift=shift, out=out)
-                    return
-                else:
+                if out is None:
                     return entry.roll(shift, dims=0)
-            if out is not None:
+                _roll_inplace(entry, shift=shift, out=out)
+            elif out is None:
+                return entry
+            else:
                 out.copy_(entry)
-                return
-            return entry
 
         root_idx = maybe_roll(root_idx)
         next_idx = maybe_roll(next_idx)
         if not is_full:
             next_idx = next_idx[:-1]
-
+        from_next = self.done_keys | self.reward_keys
         for key, entry in data.items(True, True):
             if entry.shape[0] == nsteps:
-                if key in (self.done_keys.union(self.reward_keys)):
+                if key in from_next:
                     if key != "reward" and key not in out.keys(True, True):
-                        # Create a done state at the root full of 0s
+                        # A done state at the root, all False.
                         out.set(key, torch.zeros_like(entry), inplace=True)
-                    entry = maybe_roll(entry, out=out.get(("next", key), None))
-                    if entry is not None:
-                        out.set(("next", key), entry, inplace=True)
-                else:
-                    # action and similar
-                    entry = maybe_roll(entry, out=out.get(key, default=None))
-                    if entry is not None:
-                        # then out is not locked
-                        out.set(key, entry, inplace=True)
+                    key = ("next", key)
+                entry = maybe_roll(entry, out=out.get(key, None))
+                if entry is not None:  # out has no such entry yet
+                    out.set(key, entry, inplace=True)
+                continue
+            dest_next = out.get(("next", key), None)
+            if dest_next is not None:
+                (dest_next if is_full else dest_next[:-1]).copy_(entry[next_idx])
+            elif is_full:
+                out.set(("next", key), entry[next_idx], inplace=True)
             else:
-                dest_next = out.get(("next", key), None)
-                if dest_next is not None:
-                    if not is_full:
-                        dest_next = dest_next[:-1]
-                    dest_next.copy_(entry[next_idx])
-                else:
-                    if not is_full:
-                        val = entry[next_idx]
-                        val = torch.cat([val, torch.zeros_like(val[:1])])
-                        out.set(("next", key), val, inplace=True)
-                    else:
-                        out.set(("next", key), entry[next_idx], inplace=True)
-
-                dest = out.get(key, None)
-                if dest is not None:
-                    dest.copy_(entry[root_idx])
-                else:
-                    out.set(key, entry[root_idx], inplace=True)
+                val = entry[next_idx]
+                out.set(("next", key), torch.cat([val, torch.zeros_like(val[:1])]), inplace=True)
+            dest = out.get(key, None)
+            if dest is not None:
+                dest.copy_(entry[root_idx])
+            else:
+                out.set(key, entry[root_idx], inplace=True)
         return out
 
 
@@ -380,49 +249,31 @@ class TED2Nested(TED2Flat):
     def __call__(self, data: TensorDictBase, path: Path = None):
         data = super().__call__(data, path=path)
 
-        shift = self.shift
-        is_full = self.is_full
         storage_shape = data.get_non_tensor("_storage_shape", (-1,))
-        # place time at the end
-        storage_shape = (*storage_shape[1:], storage_shape[0])
-
-        done = data.get("done")
-        done = done.squeeze(-1).clone()
-        if not is_full:
-            done.view(storage_shape)[..., shift - 1] = True
-        # else:
+        storage_shape = (*storage_shape[1:], storage_shape[0])  # time last
+        done = data.get("done").squeeze(-1).clone()
+        if not self.is_full:
+            done.view(storage_shape)[..., self.shift - 1] = True
         done.view(storage_shape)[..., -1] = True
-
-        # The ring has been linearized by TED2Flat and the final boundary of
-        # every row was forced above, so the flat end flags fully delimit the
-        # trajectories.
+        # The ring has been linearized by TED2Flat and the final boundary of every row was forced
+        # above, so the flat end flags fully delimit the trajectories.
         _, _, traj_lengths = find_start_stop_traj(end=done, at_capacity=False)
         ntraj = traj_lengths.numel()
-
         out = TensorDict(batch_size=[ntraj])
         out.update(dict(data.non_tensor_items()))
-
         out.memmap_(path)
-
         traj_lengths = traj_lengths.unsqueeze(-1)
-        if not is_full:
-            # Increment by one only the trajectories that are not terminal
-            traj_lengths_expand = traj_lengths + (
-                traj_lengths.cumsum(0) % storage_shape[-1] != 0
-            )
-        else:
+        # Keys stored with their extra "next" rows take a row more per trajectory (but for the
+        # last trajectory of a row that is not full, which has none).
+        if self.is_full:
             traj_lengths_expand = traj_lengths + 1
+        else:
+            traj_lengths_expand = traj_lengths + (traj_lengths.cumsum(0) % storage_shape[-1] != 0)
         for key, val in data.items(True, True):
-            # Keys stored with their extra "next" rows take the expanded lengths.
             lengths = traj_lengths_expand if val.shape[0] != done.shape[0] else traj_lengths
-            shape = torch.cat(
-                [lengths, torch.tensor(val.shape[1:], dtype=torch.long).repeat(ntraj, 1)], -1
-            )
-            # This works because the storage location is the same as the previous one - no copy is done
-            # but a new shape is written
-            out.make_memmap_from_storage(
-                key, val.untyped_storage(), dtype=val.dtype, shape=shape
-            )
+            shape = torch.cat([lengths, torch.tensor(val.shape[1:], dtype=torch.long).repeat(ntraj, 1)], -1)
+            # The same storage with a new (nested) shape: nothing is copied.
+            out.make_memmap_from_storage(key, val.untyped_storage(), dtype=val.dtype, shape=shape)
         return out
 
 
@@ -430,13 +281,9 @@ class Nested2TED(Flat2TED):
     """A storage load hook rebuilding TED data from the nested layout of :class:`TED2Nested`."""
 
     def __call__(self, data, out: TensorDictBase = None):
-        # Get a flat representation of data
-        def flatten_het_dim(tensor):
+        def flatten_het_dim(tensor):  # the nested rows, back to back
             shape = [tensor.size(i) for i in range(2, tensor.ndim)]
-            tensor = torch.tensor(tensor.untyped_storage(), dtype=tensor.dtype).view(
-                -1, *shape
-            )
-            return tensor
+            return torch.tensor(tensor.untyped_storage(), dtype=tensor.dtype).view(-1, *shape)
 
         data = data.apply(flatten_het_dim, batch_size=[])
         data.auto_batch_size_()
@@ -448,61 +295,31 @@ class H5Split(TED2Flat):
 
     def __call__(self, data):
         nzeros = int(math.ceil(math.log10(data.shape[0])))
-
-        result = TensorDict(
-            {
-                f"traj_{str(i).zfill(nzeros)}": _data
-                for i, _data in enumerate(data.filter_non_tensor_data().unbind(0))
-            }
-        ).update(dict(data.non_tensor_items()))
-
-        return result
+        trajectories = data.filter_non_tensor_data().unbind(0)
+        result = TensorDict({f"traj_{str(i).zfill(nzeros)}": traj for i, traj in enumerate(trajectories)})
+        return result.update(dict(data.non_tensor_items()))
 
 
 class H5Combine:
     """Combines the ``traj_<i>`` entries of :class:`H5Split` into one memory-mapped TensorDict."""
 
     def __call__(self, data, out=None):
-        # TODO: this load the entire H5 in memory, which can be problematic
-        # Ideally we would want to load it on a memmap tensordict
-        # We currently ignore out in this call but we should leverage that
+        # The whole file is read into memory, and ``out`` is not used (as in TorchRL).
         values = [val for key, val in data.items() if key.startswith("traj")]
         metadata_keys = [key for key in data.keys() if not key.startswith("traj")]
         result = TensorDict({key: NonTensorData(data[key]) for key in metadata_keys})
+        result.memmap_()  # a memory-mapped TensorDict without files
 
-        # Create a memmap in file system (no files associated)
-        result.memmap_()
-
-        # Create each entry
         def initialize(key, *x):
-            result.make_memmap(
-                key,
-                shape=torch.stack([torch.tensor(_x.shape) for _x in x]),
-                dtype=x[0].dtype,
-            )
-            return
+            result.make_memmap(key, shape=torch.stack([torch.tensor(_x.shape) for _x in x]), dtype=x[0].dtype)
 
-        values[0].named_apply(
-            initialize,
-            *values[1:],
-            nested_keys=True,
-            batch_size=[],
-            filter_empty=True,
-        )
-
-        # Populate the entries
         def populate(key, *x):
             dest = result.get(key)
             for i, _x in enumerate(x):
                 dest[i].copy_(_x)
 
-        values[0].named_apply(
-            populate,
-            *values[1:],
-            nested_keys=True,
-            batch_size=[],
-            filter_empty=True,
-        )
+        for fn in (initialize, populate):
+            values[0].named_apply(fn, *values[1:], nested_keys=True, batch_size=[], filter_empty=True)
         return result
 
 

@@ -163,16 +163,6 @@ def _td_dir(reader: _Reader, rel_dir: str, prefix: tuple, leaves: list, compact:
     return meta
 
 
-class _NoBar:
-    """A progress bar that shows nothing (the row shapes of nested tensors are a few bytes)."""
-
-    def update(self, n: int) -> None:
-        pass
-
-
-_NO_BAR = _NoBar()
-
-
 def _nested_leaf(reader: _Reader, rel_dir: str, key: tuple, entry: dict, where: str, compact: dict) -> None:
     """A nested tensor of TorchRL's nested layout: its row shapes are read now (to size its values)."""
     dtype = parse_dtype(entry["dtype"], where)
@@ -183,7 +173,7 @@ def _nested_leaf(reader: _Reader, rel_dir: str, key: tuple, entry: dict, where: 
     if len(rows) != 2:
         raise CheckpointCorruptError(f"{where}: a nested tensor of {len(rows)} dims, expected [rows, dims]")
     reader.consumed.add(shapes_rel)
-    raw = read_file(reader.root, shapes_rel, {"nbytes": rows.numel() * 8, "checksum": None}, _NO_BAR)
+    raw = read_file(reader.root, shapes_rel, {"nbytes": rows.numel() * 8, "checksum": None}, progress_bar(0, ""))
     shapes = raw.view(torch.int64).view(rows)
     if shapes.numel() and (int(shapes.min()) < 0 or bool((shapes[:, 1:] != shapes[:1, 1:]).any())):
         raise CheckpointCorruptError(f"{shapes_rel}: rows of negative or differing trailing shapes")

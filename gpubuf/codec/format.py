@@ -158,11 +158,3 @@ class RowGeometry:
             return planes.reshape(n, *self.shape).view(self.dtype)
         x = planes.reshape(n, s, self.image_planes, self.height, self.width).permute(0, 2, 3, 4, 1).contiguous()
         return x.view(self.dtype).reshape(n, *self.shape)
-
-    def reference_plane(self, plane: int, has_reference_row: bool) -> int | None:
-        """The plane that ``plane`` is coded against (in the reference row when ``has_reference_row``), or None."""
-        if has_reference_row:
-            return plane
-        if plane % self.image_planes:
-            return plane - plane % self.image_planes
-        return None

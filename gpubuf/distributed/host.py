@@ -102,9 +102,6 @@ class BufferHost:
         out = getattr(target, method)(*args, **(kwargs or {}))
         return None if out is target else out
 
-    def set_attr(self, name: str, value: Any) -> None:
-        setattr(self.buffer, name, value)
-
     def pid(self) -> int:
         """The actor's process id (to tell processes apart, or to stop one in a test)."""
         return os.getpid()

@@ -282,6 +282,22 @@ class RateLimiterHost:
         await self._notify()
 
 
+def admit_sample(limiter: "LimiterHandle | None", n: int, wait: bool, timeout: float | None) -> None:
+    """Admits a sample of ``n`` items through a buffer's ``limiter`` (see :meth:`LimiterHandle.acquire_sample`).
+
+    Raises:
+        ValueError: ``wait`` on a buffer without a rate limiter.
+        RateLimitTimeoutError: the limiter did not admit the sample.
+    """
+    if limiter is not None:
+        limiter.acquire_sample(n, wait, timeout)
+    elif wait:
+        raise ValueError(
+            "sample(wait=True) waits on the buffer's rate limiter and this buffer has none: pass "
+            "rate_limiter=MinSize(n) to wait for n items, or SampleToInsertRatio(...)"
+        )
+
+
 class LimiterHandle:
     """A caller's side of a :class:`RateLimiterHost` actor: blocking calls that raise typed errors.
 

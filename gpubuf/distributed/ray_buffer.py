@@ -9,7 +9,7 @@ from gpubuf.buffers import ReplayBuffer
 from gpubuf.distributed._ray import RuntimeLease, default_remote_config, get, require_ray, to_cpu
 from gpubuf.distributed.component import RemoteComponent
 from gpubuf.distributed.host import remote_host_class
-from gpubuf.distributed.rate_limiter import LimiterHandle, RateLimiter
+from gpubuf.distributed.rate_limiter import LimiterHandle, RateLimiter, admit_sample
 
 __all__ = ["RayReplayBuffer", "RayReplayBufferClient"]
 
@@ -147,17 +147,8 @@ class RayReplayBufferClient:
             ValueError: ``wait=True`` on a buffer without a rate limiter.
             Every error of the buffer's ``sample``.
         """
-        if self._limiter is None:
-            if wait:
-                raise ValueError(
-                    "sample(wait=True) waits on the buffer's rate limiter and this buffer has none: pass "
-                    "rate_limiter=MinSize(n) to wait for n items, or SampleToInsertRatio(...)"
-                )
-        else:
-            n = batch_size if batch_size is not None else self.batch_size
-            if n is None:
-                n = 0  # let the buffer raise its BatchSizeError
-            self._limiter.acquire_sample(int(n), wait, timeout)
+        n = batch_size if batch_size is not None or self._limiter is None else self.batch_size
+        admit_sample(self._limiter, int(n or 0), wait, timeout)  # n = 0: the buffer raises its BatchSizeError
         return self._call("sample", batch_size=batch_size, return_info=return_info, **kwargs)
 
     def can_sample(self, batch_size: int | None = None) -> bool:

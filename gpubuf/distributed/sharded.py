@@ -34,7 +34,7 @@ from gpubuf.buffers import ReplayBuffer
 from gpubuf.distributed._ray import RuntimeLease, actor_gone_errors, get, require_ray, to_cpu
 from gpubuf.distributed.host import remote_host_class
 from gpubuf.distributed.ray_buffer import RayReplayBufferClient, _count
-from gpubuf.distributed.rate_limiter import LimiterHandle, RateLimiter
+from gpubuf.distributed.rate_limiter import LimiterHandle, RateLimiter, admit_sample
 from gpubuf.distributed.wire import _concat, _take, assemble, chunk_count
 from gpubuf.errors import BatchSizeError, EmptyBufferError, IndexOutOfRangeError, ShardUnavailableError
 from gpubuf.samplers.random import _check_batch_size
@@ -595,14 +595,7 @@ class ShardedReplayBuffer:
         if batch_size is None:
             raise BatchSizeError("batch_size not specified: pass it to the constructor or to sample(batch_size)")
         batch_size = _check_batch_size(batch_size)
-        if self._limiter is None:
-            if wait:
-                raise ValueError(
-                    "sample(wait=True) waits on the buffer's rate limiter and this buffer has none: pass "
-                    "rate_limiter=MinSize(n) to wait for n items, or SampleToInsertRatio(...)"
-                )
-        else:
-            self._limiter.acquire_sample(batch_size, wait, timeout)
+        admit_sample(self._limiter, batch_size, wait, timeout)
         drawn = self._sample_prefetched(batch_size) if self._prefetch else None
         for _ in range(self._num_shards + 1):
             if drawn is not None:

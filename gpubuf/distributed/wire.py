@@ -113,8 +113,12 @@ def unpack_leaves(header: tuple, chunks: list[np.ndarray]) -> dict[tuple[str, An
 
 def _rebuild(header: tuple, chunks: list) -> tuple[Any, dict]:
     """A packed sample back as ``(data, info)``."""
-    kind, layout, batch, _, _ = header
-    leaves = unpack_leaves(header, chunks)
+    kind, _, batch, _, _ = header
+    return _as_batch(kind, unpack_leaves(header, chunks), batch)
+
+
+def _as_batch(kind: str, leaves: dict, batch: int) -> tuple[Any, dict]:
+    """``(data, info)`` of unpacked leaves: a tensor or a TensorDict of ``batch`` rows."""
     info = {key: t for (group, key), t in leaves.items() if group == "info"}
     if kind == "tensor":
         return leaves[("data", None)], info
@@ -153,14 +157,7 @@ def assemble(replies: list[tuple[Any, list]], positions: list[torch.Tensor], bat
         for (header, chunks), where in zip(replies, positions):
             for name, tensor in unpack_leaves(header, chunks).items():
                 out[name].index_copy_(0, where, tensor)
-        info = {key: t for (group, key), t in out.items() if group == "info"}
-        if kind == "tensor":
-            return out[("data", None)], info
-        data = TensorDict(batch_size=[batch_size])
-        for (group, key), tensor in out.items():
-            if group == "data":
-                data.set(key, tensor)
-        return data, info
+        return _as_batch(kind, out, batch_size)
     parts = [(h[1], h[2]) if h[0] == "pickled" else _rebuild(h, chunks) for h, chunks in replies]
     order = torch.argsort(torch.cat(positions))
     data = _concat([p[0] for p in parts])

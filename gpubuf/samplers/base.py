@@ -6,7 +6,7 @@ from typing import Any, Callable
 
 import torch
 
-from gpubuf.errors import StateDictError
+from gpubuf.storages.checks import check_state_keys
 
 
 class Sampler:
@@ -90,8 +90,7 @@ class Sampler:
     def _check_state_dict(self, state_dict: Any) -> None:
         """Raises :class:`~gpubuf.errors.StateDictError` for a state :meth:`load_state_dict`
         would refuse, or that would leave the sampler broken; changes nothing."""
-        if not isinstance(state_dict, dict):
-            raise StateDictError(f"sampler state: expected a dict, got {type(state_dict).__name__}")
+        check_state_keys(state_dict, (), "sampler state")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from gpubuf._ensemble import rng_to_members
+from gpubuf._ensemble import member_positions, rng_to_members
 from gpubuf.errors import (
     ArgumentConflictError,
     ComponentTypeError,
@@ -195,18 +195,11 @@ class SamplerEnsemble(Sampler):
             sampler.load_state_dict(state_dict[str(i)])
 
     def __getitem__(self, index: Any) -> Any:
-        if isinstance(index, slice) and index == slice(None):
+        picked = member_positions(index, len(self._samplers), type(self).__name__)
+        if picked is None:
             return self
-        if isinstance(index, (list, range, np.ndarray)):
-            index = torch.as_tensor(index)
-        if isinstance(index, int) or (isinstance(index, torch.Tensor) and index.ndim == 0):
-            return self._samplers[int(index)]
-        if isinstance(index, torch.Tensor):
-            picked = index.tolist()
-        elif isinstance(index, slice):
-            picked = list(range(len(self._samplers)))[index]
-        else:
-            raise IndexError(f"cannot index a SamplerEnsemble with {type(index).__name__}")
+        if isinstance(picked, int):
+            return self._samplers[picked]
         return SamplerEnsemble(
             *[self._samplers[i] for i in picked],
             p=self._p if self._p is None or isinstance(self._p, str) else self._p[picked],

@@ -6,8 +6,9 @@ from typing import Any
 
 import torch
 
-from gpubuf.errors import BatchSizeError, EmptyBufferError, StateDictError, StateDictKeyError
+from gpubuf.errors import BatchSizeError, EmptyBufferError, StateDictError
 from gpubuf.samplers.base import Sampler
+from gpubuf.storages.checks import check_state_keys
 
 _EMPTY = "Cannot sample from an empty storage. Extend the buffer first."
 
@@ -150,10 +151,7 @@ class SamplerWithoutReplacement(Sampler):
         }
 
     def _check_state_dict(self, state_dict: Any) -> None:
-        super()._check_state_dict(state_dict)
-        for key in ("len_storage", "_sample_list", "drop_last", "_ran_out"):
-            if key not in state_dict:
-                raise StateDictKeyError(f"sampler state: missing key {key!r} (expected the keys of state_dict())")
+        check_state_keys(state_dict, ("len_storage", "_sample_list", "drop_last", "_ran_out"), "sampler state")
         length = state_dict["len_storage"]
         if isinstance(length, bool) or not isinstance(length, int) or length < 0:
             raise StateDictError(f"sampler state: len_storage must be an int >= 0, got {length!r}")

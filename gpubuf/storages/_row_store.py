@@ -43,7 +43,7 @@ class RowStore:
 
     Args:
         geometry: the rows' :class:`~gpubuf.codec.format.RowGeometry`.
-        rows: initial number of row slots (grows with :meth:`grow_rows`).
+        rows: number of row slots.
         device: where the arena and table live.
         with_refs: keep a reference row per row (frame deduplication); otherwise every row is
             self-contained.
@@ -163,19 +163,6 @@ class RowStore:
             first = last
 
     # ------------------------------------------------------------------ rows
-    def grow_rows(self, rows: int) -> None:
-        """Adds slots so that there are ``rows`` of them (new slots hold nothing)."""
-        extra = rows - self.rows
-        if extra <= 0:
-            return
-        z64 = torch.zeros(extra, dtype=torch.int64, device=self.device)
-        z32 = torch.zeros(extra, dtype=torch.int32, device=self.device)
-        self.offsets = torch.cat([self.offsets, z64])
-        self.lengths = torch.cat([self.lengths, z32])
-        self.checksums = torch.cat([self.checksums, z32])
-        if self.refs is not None:
-            self.refs = torch.cat([self.refs, z32 - 1])
-
     def keep_rows(self, kept: torch.Tensor, rows: int) -> None:
         """Renumbers rows: row ``kept[k]`` becomes row ``k``; ``rows`` slots afterwards.
 

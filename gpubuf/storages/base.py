@@ -96,13 +96,15 @@ class Storage:
         raise NotImplementedError
 
     # ------------------------------------------------------------------ the protocol of buffers and writers
+    _layout: Any = None
+
     @property
     def layout(self) -> Any:
         """The structure of the stored items (a :class:`~gpubuf.storages._layout.Layout`), or None.
 
         None (the default) for storages of arbitrary items, and before the first write.
         """
-        return None
+        return self._layout
 
     @property
     def _write_state(self) -> WriteCursor | None:

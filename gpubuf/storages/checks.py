@@ -8,9 +8,11 @@ from typing import Any
 
 import torch
 
-from gpubuf.errors import CapacityError, InvalidDeviceError
+from gpubuf.errors import CapacityError, InvalidDeviceError, StateDictError, StateDictKeyError
 
-__all__ = ["MAX_CAPACITY", "check_device", "check_fits_memory", "check_max_size", "device_memory_bytes"]
+__all__ = [
+    "MAX_CAPACITY", "check_device", "check_fits_memory", "check_max_size", "check_state_keys", "device_memory_bytes"
+]
 
 #: Indices are int64 tensors.
 MAX_CAPACITY = 2**63 - 1
@@ -99,3 +101,17 @@ def check_fits_memory(
     if total is not None and nbytes > total:
         has = "has available" if available else "has"
         raise CapacityError(f"{what} needs {nbytes:,} bytes on {device}, which {has} {total:,}: expected {expected}")
+
+
+def check_state_keys(state_dict: Any, keys: tuple[str, ...], what: str) -> None:
+    """Refuses a state dict that is not a dict, or that lacks one of ``keys``.
+
+    Raises:
+        StateDictError: not a dict.
+        StateDictKeyError: a key is missing.
+    """
+    if not isinstance(state_dict, dict):
+        raise StateDictError(f"{what}: expected a dict, got {type(state_dict).__name__}")
+    for key in keys:
+        if key not in state_dict:
+            raise StateDictKeyError(f"{what}: missing key {key!r} (expected the keys of state_dict())")

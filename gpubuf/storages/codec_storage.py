@@ -37,13 +37,13 @@ from gpubuf.errors import (
     InvalidArgumentError,
     SchemaMismatchError,
     StateDictError,
-    StateDictKeyError,
 )
 from gpubuf.ops.decode_rows import RowTable, decode_rows
 from gpubuf.ops.zstd_rows import zstd_decode_rows, zstd_encode_rows
 from gpubuf.storages._layout import Layout
 from gpubuf.storages.base import Storage, check_max_size
 from gpubuf.storages.items import as_device, is_int, leading_size, stack_items
+from gpubuf.storages.checks import check_state_keys
 
 __all__ = ["CompressedTensorStorage", "EncodedStorageBase"]
 
@@ -151,7 +151,7 @@ class EncodedStorageBase(Storage):
         self._layout: Layout | None = None
         self._plain: dict[int, torch.Tensor] = {}  # leaf position -> [max_size, *shape] tensor
         self._encoded: list[int] = []  # leaf positions kept encoded
-        self._len_value = 0
+        self._len = 0
 
     # ------------------------------------------------------------------ subclass hooks
     def _choose(self, layout: Layout) -> list[int]:
@@ -175,18 +175,6 @@ class EncodedStorageBase(Storage):
     @property
     def initialized(self) -> bool:
         return self._layout is not None
-
-    @property
-    def layout(self) -> Layout | None:
-        return self._layout
-
-    @property
-    def _len(self) -> int:
-        return self._len_value
-
-    @_len.setter
-    def _len(self, value: int) -> None:
-        self._len_value = int(value)
 
     def __len__(self) -> int:
         return self._len
@@ -400,11 +388,7 @@ class EncodedStorageBase(Storage):
                 not read back.
             SchemaMismatchError: the state encodes other leaves than this storage would.
         """
-        if not isinstance(state_dict, dict):
-            raise StateDictError(f"encoded storage state: expected a dict, got {type(state_dict).__name__}")
-        for key in ("_len", "_layout"):
-            if key not in state_dict:
-                raise StateDictKeyError(f"encoded storage state: missing key {key!r} (expected the keys of state_dict())")
+        check_state_keys(state_dict, ("_len", "_layout"), "encoded storage state")
         layout, length = state_dict["_layout"], state_dict["_len"]
         if not is_int(length) or not 0 <= int(length) <= self.max_size:
             raise StateDictError(f"encoded storage state: _len must be an int in [0, {self.max_size}], got {length!r}")
@@ -414,9 +398,7 @@ class EncodedStorageBase(Storage):
                 raise StateDictError(f"encoded storage state: _len is {length} but the state holds no layout (expected 0)")
             self._layout, self._plain, self._encoded, self._len = None, {}, [], 0
             return
-        for key in ("_encoded", "plain", "encoded"):
-            if key not in state_dict:
-                raise StateDictKeyError(f"encoded storage state: missing key {key!r} (expected the keys of state_dict())")
+        check_state_keys(state_dict, ("_encoded", "plain", "encoded"), "encoded storage state")
         plain = state_dict["plain"]
         if not isinstance(layout, Layout) or not isinstance(plain, dict) or not isinstance(state_dict["_encoded"], (list, tuple)):
             raise StateDictError("encoded storage state: _layout must be a Layout, plain a dict and _encoded a list")

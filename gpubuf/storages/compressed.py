@@ -52,7 +52,6 @@ from gpubuf.errors import (
     DTypeMismatchError,
     IndexOutOfRangeError,
     InvalidArgumentError,
-    InvalidIndexError,
     SchemaMismatchError,
     StateDictError,
     StateDictKeyError,
@@ -63,7 +62,8 @@ from gpubuf.storages._layout import Layout, is_tensor_collection
 from gpubuf.storages._row_store import RowStore
 from gpubuf.storages.frame_stack import FrameStackStorage
 from gpubuf.storages.items import is_int
-from gpubuf.storages.list import ListStorage
+from gpubuf.storages.list import ListStorage, _positions
+from gpubuf.storages.checks import check_state_keys
 
 #: Errors by which the rows' storage refuses a write that does not fit its layout (raised
 #: before anything is written).
@@ -260,14 +260,6 @@ class CompressedListStorage(ListStorage):
         return metadata["value"]
 
     # ------------------------------------------------------------------ writing
-    def _set_item(self, cursor: int, data: Any) -> None:
-        while len(self._storage) <= cursor:
-            self._storage.append(None)
-            self._metadata.append(None)
-        compressed, metadata = self._compress_item(data)
-        self._storage[cursor] = compressed
-        self._metadata[cursor] = metadata
-
     @staticmethod
     def _single(cursor: Any) -> bool:
         return is_int(cursor) or (isinstance(cursor, (torch.Tensor, np.ndarray)) and cursor.ndim == 0)
@@ -292,7 +284,7 @@ class CompressedListStorage(ListStorage):
                 return self._set_rows(cursor, data)
             except _MISFIT:
                 self._to_items()
-        if is_int(cursor) or (isinstance(cursor, (torch.Tensor, np.ndarray)) and cursor.ndim == 0):
+        if self._single(cursor):
             positions, items = [int(cursor)], [data]
         elif isinstance(cursor, slice):
             positions = list(range(len(self._storage)))[cursor]
@@ -316,16 +308,7 @@ class CompressedListStorage(ListStorage):
                     f"cannot set item {position}: the storage holds {len(self._storage)} items; expected the position of "
                     "a stored item (add() or extend() append new ones)"
                 )
-            if position > size:
-                raise WritePositionError(
-                    "Cannot append data located more than one item away from the storage size: the storage size is "
-                    f"{size} and the index of the item to be set is {position}."
-                )
-            if position >= self.max_size:
-                raise WritePositionError(
-                    f"Cannot append data to the list storage: maximum capacity is {self.max_size} and the index of the "
-                    f"item to be set is {position}."
-                )
+            self._check_cursor(position, size)
             size = max(size, position + 1)
         compressed = [self._compress_item(self._to_device(item)) for item in items]
         self._check_structure(positions, [metadata for _, metadata in compressed])
@@ -582,11 +565,7 @@ class CompressedListStorage(ListStorage):
             StateDictError: not two lists of one length (at most ``max_size``) with a metadata
                 dict per item (None for an unset slot); nothing changes.
         """
-        if not isinstance(state_dict, dict):
-            raise StateDictError(f"storage state: expected a dict, got {type(state_dict).__name__}")
-        for key in ("_storage", "_metadata"):
-            if key not in state_dict:
-                raise StateDictKeyError(f"storage state: missing key {key!r} (expected the keys of state_dict())")
+        check_state_keys(state_dict, ("_storage", "_metadata"), "storage state")
         items, metadata = state_dict["_storage"], state_dict["_metadata"]
         if (
             not isinstance(items, (list, tuple))
@@ -752,20 +731,3 @@ def _unbound(data: Any) -> list:
     if isinstance(data, (list, tuple, range, set, np.ndarray)):
         return list(data)
     return [data]  # one item written at every position of a slice
-
-
-def _positions(cursor: Any) -> list[int]:
-    """A sequence, array or tensor of positions as a list of ints; a boolean mask as the positions it selects."""
-    if isinstance(cursor, (torch.Tensor, np.ndarray)):
-        tensor = torch.as_tensor(cursor)
-        if tensor.dtype == torch.bool:
-            tensor = tensor.reshape(-1).nonzero().squeeze(-1)
-        if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
-            raise InvalidIndexError(f"positions of dtype {tensor.dtype}: expected integers")
-        return tensor.reshape(-1).tolist()
-    values = list(cursor)
-    if values and all(isinstance(v, (bool, np.bool_)) for v in values):
-        return [i for i, v in enumerate(values) if v]
-    if not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
-        raise InvalidIndexError("positions holding values other than ints: expected integer positions")
-    return [int(v) for v in values]

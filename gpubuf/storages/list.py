@@ -12,11 +12,11 @@ from gpubuf.errors import (
     IndexOutOfRangeError,
     InvalidIndexError,
     StateDictError,
-    StateDictKeyError,
     UnsupportedDataError,
 )
 from gpubuf.storages.base import Storage, check_device, check_max_size
 from gpubuf.storages.items import is_int
+from gpubuf.storages.checks import check_state_keys
 
 _UNBOUNDED = torch.iinfo(torch.int64).max
 
@@ -165,10 +165,7 @@ class ListStorage(Storage):
             StateDictKeyError: no ``_storage``.
             StateDictError: ``_storage`` is not a list of at most ``max_size`` items; nothing changes.
         """
-        if not isinstance(state_dict, dict):
-            raise StateDictError(f"storage state: expected a dict, got {type(state_dict).__name__}")
-        if "_storage" not in state_dict:
-            raise StateDictKeyError("storage state: missing key '_storage' (expected the keys of state_dict())")
+        check_state_keys(state_dict, ("_storage",), "storage state")
         items = state_dict["_storage"]
         if not isinstance(items, (list, tuple)) or len(items) > self.max_size:
             raise StateDictError(

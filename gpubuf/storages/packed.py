@@ -33,13 +33,13 @@ from gpubuf.errors import (
     IndexOutOfRangeError,
     SchemaMismatchError,
     StateDictError,
-    StateDictKeyError,
     WritePositionError,
 )
 from gpubuf.ops.gather_packed import gather_packed_trusted
 from gpubuf.storages._ragged import Columns, RaggedSchema, item_count, jagged_many
 from gpubuf.storages.base import Storage, check_device, check_max_size
 from gpubuf.storages.items import is_int
+from gpubuf.storages.checks import check_state_keys
 
 __all__ = ["PackedStorage"]
 
@@ -491,11 +491,7 @@ class PackedStorage(Storage):
                 not rising from 0), object columns of another length, or rows that do not read
                 back. The storage is unchanged then.
         """
-        if not isinstance(state_dict, dict):
-            raise StateDictError(f"packed storage state: expected a dict, got {type(state_dict).__name__}")
-        for key in ("_len", "_schema", "_values", "_offsets", "_objects"):
-            if key not in state_dict:
-                raise StateDictKeyError(f"packed storage state: missing key {key!r} (expected the keys of state_dict())")
+        check_state_keys(state_dict, ("_len", "_schema", "_values", "_offsets", "_objects"), "packed storage state")
         described, n = state_dict["_schema"], state_dict["_len"]
         if not is_int(n) or not 0 <= int(n) <= self.max_size:
             raise StateDictError(f"packed storage state: _len must be an int in [0, {self.max_size}], got {n!r}")

@@ -134,11 +134,6 @@ class SpillStorage(Storage):
         return self._layout is not None
 
     @property
-    def layout(self) -> Layout | None:
-        """The structure of the stored items (keys, dtypes, item shapes), once known."""
-        return self._layout
-
-    @property
     def device_rows(self) -> int:
         """Rows held by the device tier (0 before the first write)."""
         return self._device_rows

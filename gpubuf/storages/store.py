@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-import numpy as np
 import torch
 from tensordict import TensorDict, is_tensor_collection
 

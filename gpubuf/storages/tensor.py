@@ -21,7 +21,6 @@ from gpubuf.errors import (
     DeviceMismatchError,
     GpubufError,
     StateDictError,
-    StateDictKeyError,
     EmptyBufferError,
     IndexOutOfRangeError,
     InvalidArgumentError,
@@ -31,7 +30,7 @@ from gpubuf.ops.gather_rows import gather_rows_trusted
 from gpubuf.host_memory import HUGE_PAGE_BYTES, empty_host, huge_pages_enabled
 from gpubuf.storages._layout import Layout
 from gpubuf.storages.base import Storage
-from gpubuf.storages.checks import check_fits_memory, check_max_size
+from gpubuf.storages.checks import check_fits_memory, check_max_size, check_state_keys
 from gpubuf.storages.items import AUTO_DEVICE, as_device, is_int, leading_shape, leading_size, stack_items
 
 
@@ -95,7 +94,7 @@ class TensorStorage(Storage):
         self._leaves: list[torch.Tensor] | None = None
         self._flat_leaves: list[torch.Tensor] | None = None
         self._rest_shape = torch.Size()  # dims 1..ndim-1 of the storage
-        self._len_value = 0
+        self._len = 0
         self._auto_device = device in AUTO_DEVICE
         self.device = "auto" if self._auto_device else as_device(device)
         if storage is not None:
@@ -118,14 +117,6 @@ class TensorStorage(Storage):
     @property
     def initialized(self) -> bool:
         return self._leaves is not None
-
-    @property
-    def _len(self) -> int:
-        return self._len_value
-
-    @_len.setter
-    def _len(self, value: int) -> None:
-        self._len_value = int(value)
 
     def __len__(self) -> int:
         return self._len
@@ -163,11 +154,6 @@ class TensorStorage(Storage):
         if not self.initialized:
             return None
         return torch.Size([self._capacity_along_dim0, *self._rest_shape])
-
-    @property
-    def layout(self) -> Layout | None:
-        """The structure of the stored items (keys, dtypes, item shapes), once known."""
-        return self._layout
 
     # ------------------------------------------------------------------ initialisation
     def _install(self, layout: Layout, leaves: list[torch.Tensor]) -> None:
@@ -581,11 +567,7 @@ class LazyTensorStorage(TensorStorage):
 def _check_state(state_dict: Any, ndim: int) -> tuple[Any, int]:
     """``(data, length)`` of a tensor storage's state dict, checked; raises the typed errors of
     :meth:`TensorStorage.load_state_dict`."""
-    if not isinstance(state_dict, dict):
-        raise StateDictError(f"storage state: expected a dict, got {type(state_dict).__name__}")
-    for key in ("_storage", "_len"):
-        if key not in state_dict:
-            raise StateDictKeyError(f"storage state: missing key {key!r} (expected the keys of state_dict())")
+    check_state_keys(state_dict, ("_storage", "_len"), "storage state")
     data, length = state_dict["_storage"], state_dict["_len"]
     if isinstance(length, torch.Tensor) and length.ndim == 0 and not length.dtype.is_floating_point:
         length = int(length)

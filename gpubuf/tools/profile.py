@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from gpubuf.ops.device_work import DeviceWork, count_device_work
+from gpubuf.tools.bench.environment import resolve_device
 
 __all__ = [
     "OpRow",
@@ -410,15 +411,6 @@ def format_table(result: ProfileResult, top: int | None = None) -> str:
 # ------------------------------------------------------------------------------------------
 
 
-def _resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for, but CUDA is not available here")
-    return device
-
-
 def _configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     names = ", ".join(f"{w.name} ({w.description})" for w in WORKLOADS.values())
     parser.add_argument("workload", choices=sorted(WORKLOADS), metavar="WORKLOAD", help=f"one of: {names}")
@@ -464,7 +456,7 @@ def run_profile(args: argparse.Namespace) -> int:
         0 on success, 2 when the workload cannot run here (the reason is printed).
     """
     try:
-        device = _resolve_device(args.device)
+        device = resolve_device(args.device)
         threads = args.threads if args.threads is not None else (1 if device.type == "cpu" else None)
         if threads is not None:
             if threads <= 0:

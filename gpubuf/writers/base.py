@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from gpubuf.storages.items import is_int
-from gpubuf.errors import StateDictError, StateDictKeyError
+from gpubuf.errors import StateDictError
+from gpubuf.storages.checks import check_state_keys
 
 
 class Writer:
@@ -67,10 +68,7 @@ class Writer:
             StateDictKeyError: no ``_cursor``.
             StateDictError: a cursor or write count that is not an int >= 0.
         """
-        if not isinstance(state_dict, dict):
-            raise StateDictError(f"writer state: expected a dict, got {type(state_dict).__name__}")
-        if "_cursor" not in state_dict:
-            raise StateDictKeyError("writer state: missing key '_cursor' (expected the keys of state_dict())")
+        check_state_keys(state_dict, ("_cursor",), "writer state")
         values = {"_cursor": state_dict["_cursor"], "_write_count": state_dict.get("_write_count", self._write_count)}
         for key, value in values.items():
             if isinstance(value, torch.Tensor) and value.ndim == 0 and not value.dtype.is_floating_point:

@@ -13,20 +13,19 @@ _PACKAGES = ("torch", "triton", "tensordict", "torchrl", "numba", "gpubuf")
 
 
 def resolve_device(name: str) -> torch.device:
-    """Turns ``"auto"``, ``"cpu"`` or ``"cuda"`` into a device.
+    """Turns ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"`` into a device.
 
     Raises:
         ValueError: an unknown name, or ``"cuda"`` where CUDA is not available.
     """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cpu":
-        return torch.device("cpu")
-    if name == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError("--device cuda was requested but CUDA is not available on this machine")
-        return torch.device("cuda", torch.cuda.current_device())
-    raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {name!r}")
+    device = torch.device(name) if name.startswith(("cpu", "cuda")) else None
+    if device is None:
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {name!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was requested but CUDA is not available on this machine")
+    return torch.device("cuda", torch.cuda.current_device()) if name == "cuda" else device
 
 
 def device_name(device: torch.device) -> str:
