@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from gpubuf.ops.slice_windows import slice_windows
+from gpubuf.ops.slice_windows import slice_windows_trusted
 
 __all__ = ["EpisodeIndex"]
 
@@ -148,9 +148,9 @@ class EpisodeIndex:
         trajectories drawn among those at least ``pool`` long (one column only), with the stored
         ``(done, terminated, init)`` flag columns ``flags``: see :func:`slice_windows`."""
         elig = self.eligible(pool)
-        return slice_windows(
+        return slice_windows_trusted(
             elig.slots[0], self.start[0], self.stop[0], elig.front, elig.back, uniforms,
-            self.lower, self.capacity, length, *flags, backend=backend,
+            self.lower, self.capacity, length, flags, backend,
         )
 
     def pick(self, elig: _Eligible, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
