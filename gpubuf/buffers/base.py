@@ -979,9 +979,27 @@ def _attach(data: Any, extra: dict | None) -> Any:
             value = expand_as_batch(value if device is None or value.device == device else value.to(device), batch_size)
             if plain and isinstance(key, str):
                 data._set_str(key, value, inplace=False, validated=True)
+            elif plain and _set_nested(data, key, value, batch_size):
+                continue
             else:  # a nested key (a slice sampler's ("next", "truncated")) goes under its parents
                 data.set(key, value)
     return data
+
+
+def _set_nested(data: TensorDict, key: Any, value: torch.Tensor, batch_size: torch.Size) -> bool:
+    """Sets a nested ``key`` of a plain TensorDict unvalidated where its parents exist as plain
+    TensorDicts of the batch's size (the value fits them as it fits the batch); False otherwise."""
+    if not isinstance(key, tuple) or len(key) < 2:
+        return False
+    node = data
+    for part in key[:-1]:
+        node = node._tensordict.get(part) if isinstance(part, str) else None
+        if type(node) is not TensorDict or node.batch_size != batch_size or node.is_locked:
+            return False
+    if not isinstance(key[-1], str):
+        return False
+    node._set_str(key[-1], value, inplace=False, validated=True)
+    return True
 
 
 def _holds_tensors(data: Any) -> bool:

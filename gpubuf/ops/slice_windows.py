@@ -15,7 +15,7 @@ import torch
 
 from gpubuf.ops._dispatch import device_path, implementation, numba_enabled, resolve
 
-__all__ = ["slice_windows", "slice_windows_ref", "slice_windows_trusted", "MARKS"]
+__all__ = ["slice_windows", "slice_windows_ref", "slice_windows_trusted", "host_arrays_of", "MARKS"]
 
 #: The rows of the marks :func:`slice_windows` returns, in order.
 MARKS = ("truncated", "done", "terminated", "init")
@@ -149,6 +149,7 @@ def slice_windows_trusted(
     seq_length: int,
     flags: tuple,
     backend: str = "auto",
+    host_arrays: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The sample path's entry: :func:`slice_windows` without the argument checks.
 
@@ -156,12 +157,38 @@ def slice_windows_trusted(
     and guarantee :func:`slice_windows_ref`'s contract (contiguous 1-D tables of the dtypes
     given there, on one device); ``flags`` is the ``(done, terminated, init)`` triple. The
     checks cost more than the draw itself for a batch of a few dozen slices on a CPU.
+
+    Args:
+        host_arrays: what :func:`host_arrays` gave for these tables and flags, kept by the
+            caller between draws (their NumPy views for the compiled CPU loop), or None.
     """
     if device_path(uniforms, backend):
         return _run("triton", slots, start, stop, front, back, uniforms, lower, capacity, seq_length, flags)
     if backend in ("auto", "numba") and not uniforms.is_cuda and numba_enabled():
-        return _run("numba", slots, start, stop, front, back, uniforms, lower, capacity, seq_length, flags)
+        arrays = host_arrays if host_arrays is not None else host_arrays_of(slots, start, stop, front, back, flags)
+        n = uniforms.shape[0] // 2 * seq_length
+        rows = torch.empty(n, dtype=torch.int64)
+        marks = torch.empty(len(MARKS), n, dtype=torch.bool)
+        a = arrays
+        implementation("slice_windows", "numba")(
+            a[0], a[1], a[2], a[3], a[4], uniforms.numpy(), lower, capacity, seq_length, a[5], a[6], a[7], a[8], a[9],
+            a[10], rows.numpy(), marks.numpy(),
+        )
+        return rows, marks
     return slice_windows(slots, start, stop, front, back, uniforms, lower, capacity, seq_length, *flags, backend=backend)
+
+
+def host_arrays_of(
+    slots: torch.Tensor, start: torch.Tensor, stop: torch.Tensor, front: torch.Tensor, back: torch.Tensor, flags: tuple
+) -> tuple:
+    """The compiled CPU loop's view of CPU tables and flags: their NumPy arrays (no copies; an
+    absent flag as a one-element placeholder) and whether each flag is present. Valid as long
+    as the tensors given are (they may change in place)."""
+    none = _NO_FLAGS.numpy()
+    return (
+        slots.numpy(), start.numpy(), stop.numpy(), front.numpy(), back.numpy(),
+        *(none if f is None else f.numpy() for f in flags), *(f is not None for f in flags),
+    )
 
 
 def _run(which: str, slots: torch.Tensor, start: torch.Tensor, stop: torch.Tensor, front: torch.Tensor,
@@ -173,13 +200,10 @@ def _run(which: str, slots: torch.Tensor, start: torch.Tensor, stop: torch.Tenso
     n = uniforms.shape[0] // 2 * seq_length
     rows = torch.empty(n, dtype=torch.int64)
     marks = torch.empty(len(MARKS), n, dtype=torch.bool)
-    done, terminated, init = flags
-    none = _NO_FLAGS.numpy()  # stands for an absent flag column
+    a = host_arrays_of(slots, start, stop, front, back, flags)
     kernel(
-        slots.numpy(), start.numpy(), stop.numpy(), front.numpy(), back.numpy(), uniforms.numpy(), lower, capacity,
-        seq_length, none if done is None else done.numpy(), none if terminated is None else terminated.numpy(),
-        none if init is None else init.numpy(), done is not None, terminated is not None, init is not None,
-        rows.numpy(), marks.numpy(),
+        a[0], a[1], a[2], a[3], a[4], uniforms.numpy(), lower, capacity, seq_length, a[5], a[6], a[7], a[8], a[9],
+        a[10], rows.numpy(), marks.numpy(),
     )
     return rows, marks
 

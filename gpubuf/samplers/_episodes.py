@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from gpubuf.ops.slice_windows import slice_windows_trusted
+from gpubuf.ops.slice_windows import host_arrays_of, slice_windows_trusted
 
 __all__ = ["EpisodeIndex"]
 
@@ -87,6 +87,13 @@ class EpisodeIndex:
         self.written = 0
         self._eligible = {}
         self._fresh = True  # nothing written since the arrays were made
+        self._host_arrays: tuple | None = None  # (tables, their NumPy views) of the last CPU draw
+
+    def __getstate__(self) -> dict:
+        # NumPy views share the tensors' memory only in this process: a copy would not.
+        state = dict(self.__dict__)
+        state["_host_arrays"] = None
+        return state
 
     # ------------------------------------------------------------------ queries
     @property
@@ -148,9 +155,20 @@ class EpisodeIndex:
         trajectories drawn among those at least ``pool`` long (one column only), with the stored
         ``(done, terminated, init)`` flag columns ``flags``: see :func:`slice_windows`."""
         elig = self.eligible(pool)
+        tables = (elig.slots, self.start, self.stop, elig.front, elig.back, *flags)
+        arrays = None
+        if self.device.type == "cpu":
+            # The NumPy views of the tables, kept while they are the same tensors (updates change
+            # the ring's ends by replacing them, the rest in place).
+            cached = self._host_arrays
+            if cached is not None and all(a is b for a, b in zip(cached[0], tables)):
+                arrays = cached[1]
+            else:
+                arrays = host_arrays_of(elig.slots[0], self.start[0], self.stop[0], elig.front, elig.back, flags)
+                self._host_arrays = (tables, arrays)
         return slice_windows_trusted(
             elig.slots[0], self.start[0], self.stop[0], elig.front, elig.back, uniforms,
-            self.lower, self.capacity, length, flags, backend,
+            self.lower, self.capacity, length, flags, backend, arrays,
         )
 
     def pick(self, elig: _Eligible, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
