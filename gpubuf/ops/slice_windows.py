@@ -165,11 +165,10 @@ def slice_windows_trusted(
     if device_path(uniforms, backend):
         return _run("triton", slots, start, stop, front, back, uniforms, lower, capacity, seq_length, flags)
     if backend in ("auto", "numba") and not uniforms.is_cuda and numba_enabled():
-        arrays = host_arrays if host_arrays is not None else host_arrays_of(slots, start, stop, front, back, flags)
+        a = host_arrays if host_arrays is not None else host_arrays_of(slots, start, stop, front, back, flags)
         n = uniforms.shape[0] // 2 * seq_length
         rows = torch.empty(n, dtype=torch.int64)
         marks = torch.empty(len(MARKS), n, dtype=torch.bool)
-        a = arrays
         implementation("slice_windows", "numba")(
             a[0], a[1], a[2], a[3], a[4], uniforms.numpy(), lower, capacity, seq_length, a[5], a[6], a[7], a[8], a[9],
             a[10], rows.numpy(), marks.numpy(),

@@ -48,6 +48,14 @@ class _Eligible:
         self.slots = torch.zeros(columns, capacity + 1, dtype=torch.int64, device=device)
         self.front = torch.zeros(columns, dtype=torch.int64, device=device)
         self.back = torch.zeros(columns, dtype=torch.int64, device=device)
+        # (flags, NumPy views of the tables and flags) of the last CPU draw; see EpisodeIndex.windows.
+        self.host_arrays: tuple | None = None
+
+    def __getstate__(self) -> dict:
+        # NumPy views share the tensors' memory only in this process: a copy would not.
+        state = dict(self.__dict__)
+        state["host_arrays"] = None
+        return state
 
     def counts(self) -> torch.Tensor:
         return self.back - self.front
@@ -87,13 +95,6 @@ class EpisodeIndex:
         self.written = 0
         self._eligible = {}
         self._fresh = True  # nothing written since the arrays were made
-        self._host_arrays: tuple | None = None  # (tables, their NumPy views) of the last CPU draw
-
-    def __getstate__(self) -> dict:
-        # NumPy views share the tensors' memory only in this process: a copy would not.
-        state = dict(self.__dict__)
-        state["_host_arrays"] = None
-        return state
 
     # ------------------------------------------------------------------ queries
     @property
@@ -155,17 +156,16 @@ class EpisodeIndex:
         trajectories drawn among those at least ``pool`` long (one column only), with the stored
         ``(done, terminated, init)`` flag columns ``flags``: see :func:`slice_windows`."""
         elig = self.eligible(pool)
-        tables = (elig.slots, self.start, self.stop, elig.front, elig.back, *flags)
         arrays = None
         if self.device.type == "cpu":
-            # The NumPy views of the tables, kept while they are the same tensors (updates change
-            # the ring's ends by replacing them, the rest in place).
-            cached = self._host_arrays
-            if cached is not None and all(a is b for a, b in zip(cached[0], tables)):
+            # The NumPy views of the tables, kept by the deque while its ends and the flag columns
+            # are the same tensors (an update replaces the ends, and changes the rest in place).
+            cached = elig.host_arrays
+            if cached is not None and cached[0] is flags:
                 arrays = cached[1]
             else:
                 arrays = host_arrays_of(elig.slots[0], self.start[0], self.stop[0], elig.front, elig.back, flags)
-                self._host_arrays = (tables, arrays)
+                elig.host_arrays = (flags, arrays)
         return slice_windows_trusted(
             elig.slots[0], self.start[0], self.stop[0], elig.front, elig.back, uniforms,
             self.lower, self.capacity, length, flags, backend, arrays,
@@ -340,6 +340,7 @@ class EpisodeIndex:
         elig.slots.scatter_(1, slot.T, cand.T.contiguous())
         elig.back = elig.back + ok.sum(0)
         elig.front = front
+        elig.host_arrays = None  # views of the ends just replaced
 
     def _build_eligible(self, length: int) -> _Eligible:
         c, t, dev = self.columns, self.capacity, self.device

@@ -228,6 +228,7 @@ class SliceSampler(Sampler):
         self._static = None
         self._templates: dict = {}  # constant tensors of a draw's shape (offsets, marks)
         self._flags_cache: tuple | None = None  # what _flag_columns found, and for what
+        self._plan: tuple | None = None  # the last draw's checked plan, while nothing is written
         self._mark_names: tuple | None = None  # the info keys of the marks, and for which keys
         if static is not None:
             self._static = self._static_index(trajectories=trajectories, ends=ends)
@@ -250,7 +251,7 @@ class SliceSampler(Sampler):
     def __getstate__(self) -> dict[str, Any]:
         # The flag columns found are views of the storage's leaves: never pickled with the sampler.
         state = dict(self.__dict__)
-        state["_flags_cache"] = None
+        state["_flags_cache"] = state["_plan"] = None
         return state
 
     # ------------------------------------------------------------------ writes
@@ -267,6 +268,7 @@ class SliceSampler(Sampler):
     def mark_update(self, index: Any, *, storage: Any = None) -> None:
         """Rows written behind the buffer's back: the boundaries are rebuilt at the next draw."""
         self._flags_cache = None
+        self._plan = None
         self._index = None
         self._pending = []
         self._fragments = None
@@ -279,6 +281,7 @@ class SliceSampler(Sampler):
 
     def _empty(self) -> None:
         self._flags_cache = None
+        self._plan = None
         self._index = None
         self._fragments = None
         self._pending = []
@@ -530,9 +533,39 @@ class SliceSampler(Sampler):
         """
         if self.fragmented:
             return self._sample_fragmented(storage, batch_size)
+        plan = self._plan
+        if (
+            plan is not None
+            and plan[0] is storage
+            and plan[1] == batch_size
+            and not self._pending
+            and plan[2] is self._index
+            and plan[3] == plan[2].written
+            and plan[4] == len(storage)
+            and plan[5] is getattr(storage, "_leaves", None)
+            and plan[6] == self._plan_settings()
+        ):
+            # Nothing written since the last draw of this size: its checks and boundaries hold,
+            # and the draw is the window op alone.
+            index, seq_length, num_slices, pool, flags = plan[7]
+            u = self._draw_uniforms(2 * num_slices, index.device)
+            rows, marks = index.windows(pool, seq_length, u, flags, self._backend)
+            return self._finish_marked(rows, marks, init=flags[2] is not None)
+        self._plan = None
         index, seq_length, num_slices = self._prepare(storage, batch_size)
         u = self._draw_uniforms(2 * num_slices, index.device)
-        return self._slices(storage, index, seq_length, num_slices, u, None)
+        out = self._slices(storage, index, seq_length, num_slices, u, None)
+        if self._plan is not None:
+            # _slices took the window op with the storage's flag columns: keep what it checked.
+            pool, flags = self._plan
+            self._plan = (storage, batch_size, index, index.written, len(storage), getattr(storage, "_leaves", None),
+                          self._plan_settings(), (index, seq_length, num_slices, pool, flags))
+        return out
+
+    def _plan_settings(self) -> tuple:
+        """The settings a kept draw plan depends on (all public attributes a user may change)."""
+        return (self.num_slices, self.slice_len, self.span, self.strict_length, self.pad_output, self._backend,
+                self.truncated_key, self.init_key)
 
     # ------------------------------------------------------------------ fragmented trajectories
     def _fragment_keys(self, storage: Any) -> tuple[tuple, tuple]:
@@ -644,6 +677,8 @@ class SliceSampler(Sampler):
             flags = self._flag_columns(storage, index)
             rows, marks = index.windows(pool, seq_length, u, flags or (None, None, None), self._backend)
             if flags is not None:
+                if self._static is None and index is self._index:
+                    self._plan = (pool, flags)  # completed by sample()
                 return self._finish_marked(rows, marks, init=flags[2] is not None)
             return self._finish(storage, index, rows, None, num_slices, seq_length, None, None)
         u_traj, u_start = u[:num_slices], u[num_slices:]
@@ -737,9 +772,9 @@ class SliceSampler(Sampler):
         if names is None or names[0] != (self.truncated_key, self.init_key):
             names = self._mark_names = ((self.truncated_key, self.init_key), self._info_names())
         marked = names[1]
-        # One [4, n, 1] view of the marks, each entry a row of it.
-        columns = marks.unsqueeze(-1)
-        info = {} if marked[0] is None else {name: columns[i] for i, name in enumerate(marked[:3])}
+        # Each entry an [n, 1] view of one row of the marks.
+        columns = marks.unsqueeze(-1).unbind(0)
+        info = {} if marked[0] is None else dict(zip(marked[:3], columns))
         if init and marked[3] is not None:
             info[marked[3]] = columns[3]
         return (rows,), info
