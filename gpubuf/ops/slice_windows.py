@@ -159,7 +159,7 @@ def slice_windows_trusted(
     checks cost more than the draw itself for a batch of a few dozen slices on a CPU.
 
     Args:
-        host_arrays: what :func:`host_arrays` gave for these tables and flags, kept by the
+        host_arrays: what :func:`host_arrays_of` gave for these tables and flags, kept by the
             caller between draws (their NumPy views for the compiled CPU loop), or None.
     """
     if device_path(uniforms, backend):
