@@ -29,6 +29,8 @@ a new slice length is built. :meth:`EpisodeIndex.windows` draws a batch of windo
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from gpubuf.ops.slice_windows import host_arrays_of, slice_windows_trusted
@@ -48,14 +50,6 @@ class _Eligible:
         self.slots = torch.zeros(columns, capacity + 1, dtype=torch.int64, device=device)
         self.front = torch.zeros(columns, dtype=torch.int64, device=device)
         self.back = torch.zeros(columns, dtype=torch.int64, device=device)
-        # (flags, NumPy views of the tables and flags) of the last CPU draw; see EpisodeIndex.windows.
-        self.host_arrays: tuple | None = None
-
-    def __getstate__(self) -> dict:
-        # NumPy views share the tensors' memory only in this process: a copy would not.
-        state = dict(self.__dict__)
-        state["host_arrays"] = None
-        return state
 
     def counts(self) -> torch.Tensor:
         return self.back - self.front
@@ -155,21 +149,24 @@ class EpisodeIndex:
         """Rows and marks of ``S = uniforms.numel() // 2`` windows of ``length`` steps in
         trajectories drawn among those at least ``pool`` long (one column only), with the stored
         ``(done, terminated, init)`` flag columns ``flags``: see :func:`slice_windows`."""
+        return self.window_draw(pool, length, flags, backend)(uniforms)
+
+    def window_draw(
+        self, pool: int, length: int, flags: tuple = (None, None, None), backend: str = "auto"
+    ) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`windows` with everything but the uniforms bound: a function of the uniforms,
+        valid until the next :meth:`append` (which replaces the deque's ends and moves the oldest
+        row). Repeated draws between writes skip the lookups and the tables' NumPy views."""
         elig = self.eligible(pool)
-        arrays = None
-        if self.device.type == "cpu":
-            # The NumPy views of the tables, kept by the deque while its ends and the flag columns
-            # are the same tensors (an update replaces the ends, and changes the rest in place).
-            cached = elig.host_arrays
-            if cached is not None and cached[0] is flags:
-                arrays = cached[1]
-            else:
-                arrays = host_arrays_of(elig.slots[0], self.start[0], self.stop[0], elig.front, elig.back, flags)
-                elig.host_arrays = (flags, arrays)
-        return slice_windows_trusted(
-            elig.slots[0], self.start[0], self.stop[0], elig.front, elig.back, uniforms,
-            self.lower, self.capacity, length, flags, backend, arrays,
-        )
+        tables = (elig.slots[0], self.start[0], self.stop[0], elig.front, elig.back)
+        # The compiled CPU loop's views of the tables (no copies), made once for every draw.
+        arrays = host_arrays_of(*tables, flags) if self.device.type == "cpu" else None
+        lower, capacity = self.lower, self.capacity
+
+        def draw(uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return slice_windows_trusted(*tables, uniforms, lower, capacity, length, flags, backend, arrays)
+
+        return draw
 
     def pick(self, elig: _Eligible, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The ``k``-th eligible trajectories (column by column, oldest first within a column)."""
@@ -340,7 +337,6 @@ class EpisodeIndex:
         elig.slots.scatter_(1, slot.T, cand.T.contiguous())
         elig.back = elig.back + ok.sum(0)
         elig.front = front
-        elig.host_arrays = None  # views of the ends just replaced
 
     def _build_eligible(self, length: int) -> _Eligible:
         c, t, dev = self.columns, self.capacity, self.device

@@ -547,10 +547,9 @@ class SliceSampler(Sampler):
         ):
             # Nothing written since the last draw of this size: its checks and boundaries hold,
             # and the draw is the window op alone.
-            index, seq_length, num_slices, pool, flags = plan[7]
-            u = self._draw_uniforms(2 * num_slices, index.device)
-            rows, marks = index.windows(pool, seq_length, u, flags, self._backend)
-            return self._finish_marked(rows, marks, init=flags[2] is not None)
+            draw, device, num_slices, init = plan[7]
+            rows, marks = draw(self._draw_uniforms(2 * num_slices, device))
+            return self._finish_marked(rows, marks, init=init)
         self._plan = None
         index, seq_length, num_slices = self._prepare(storage, batch_size)
         u = self._draw_uniforms(2 * num_slices, index.device)
@@ -558,8 +557,9 @@ class SliceSampler(Sampler):
         if self._plan is not None:
             # _slices took the window op with the storage's flag columns: keep what it checked.
             pool, flags = self._plan
+            draw = index.window_draw(pool, seq_length, flags, self._backend)
             self._plan = (storage, batch_size, index, index.written, len(storage), getattr(storage, "_leaves", None),
-                          self._plan_settings(), (index, seq_length, num_slices, pool, flags))
+                          self._plan_settings(), (draw, index.device, num_slices, flags[2] is not None))
         return out
 
     def _plan_settings(self) -> tuple:
