@@ -8,10 +8,10 @@ import itertools
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from gpubuf_kernels._config import SLICE_WINDOWS
 from gpubuf_kernels._launch import check_launch_device, interpreter_enabled, launch
-from triton.language.extra import libdevice
 
 __all__ = ["slice_windows_triton", "slice_windows_at_triton", "SPECIALIZATIONS"]
 
