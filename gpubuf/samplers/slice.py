@@ -547,9 +547,12 @@ class SliceSampler(Sampler):
         ):
             # Nothing written since the last draw of this size: its checks and boundaries hold,
             # and the draw is the window op alone.
-            draw, device, num_slices, init = plan[7]
+            draw, device, num_slices, names, init = plan[7]
             rows, marks = draw(self._draw_uniforms(2 * num_slices, device))
-            return self._finish_marked(rows, marks, init=init)
+            if names is None:
+                return self._finish_marked(rows, marks, init=init)
+            # _finish_marked's info: each entry an [n, 1] view of one row of the marks.
+            return (rows,), dict(zip(names, marks.unsqueeze(-1).unbind(0)))
         self._plan = None
         index, seq_length, num_slices = self._prepare(storage, batch_size)
         u = self._draw_uniforms(2 * num_slices, index.device)
@@ -558,8 +561,13 @@ class SliceSampler(Sampler):
             # _slices took the window op with the storage's flag columns: keep what it checked.
             pool, flags = self._plan
             draw = index.window_draw(pool, seq_length, flags, self._backend)
+            init = flags[2] is not None
+            # The keys of _finish_marked's entries, one per row of the marks from the first (None:
+            # no truncated_key, the entries do not start at the first row).
+            names = self._info_names()
+            names = None if names[0] is None else names[:3] + ((names[3],) if init and names[3] is not None else ())
             self._plan = (storage, batch_size, index, index.written, len(storage), getattr(storage, "_leaves", None),
-                          self._plan_settings(), (draw, index.device, num_slices, flags[2] is not None))
+                          self._plan_settings(), (draw, index.device, num_slices, names, init))
         return out
 
     def _plan_settings(self) -> tuple:

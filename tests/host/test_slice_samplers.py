@@ -658,6 +658,8 @@ def test_a_repeated_draw_follows_writes_batch_sizes_settings_and_copies():
             assert one["episode"].unique().numel() == 1
         marks = batch["next", "truncated"].reshape(-1, slice_len)
         assert not marks[:, :-1].any() and marks[:, -1].all()
+        assert batch["next", "done"].reshape(-1, slice_len)[:, -1].all()
+        assert batch["is_init"].reshape(-1, slice_len)[:, 0].all()
 
     sampler = gpubuf.SliceSampler(slice_len=4, traj_key="episode")
     rb = _buffer(sampler, 20)
@@ -676,7 +678,9 @@ def test_a_repeated_draw_follows_writes_batch_sizes_settings_and_copies():
     check(rb.sample(12), 2)
     sampler.slice_len = 4
     sampler.truncated_key = None
-    assert ("next", "truncated") not in rb.sample(8).keys(True)
+    first, second = rb.sample(8), rb.sample(8)  # the second one through the kept plan
+    assert set(first.keys(True, True)) == set(second.keys(True, True))
+    assert ("next", "truncated") not in second.keys(True) and second["is_init"].view(2, 4)[:, 0].all()
     sampler.truncated_key = ("next", "truncated")
     assert ("next", "truncated") in rb.sample(8).keys(True)
     copy = pickle.loads(pickle.dumps(sampler))  # without the plan (NumPy views of this process's tensors)
