@@ -974,13 +974,34 @@ def _attach(data: Any, extra: dict | None) -> Any:
         # The entries are made to fit here (one per item, broadcast, on the batch's device), so a
         # plain TensorDict takes them unvalidated: a validated set costs as much as building the batch.
         plain = type(data) is TensorDict
+        parents: dict = {}  # the sub-TensorDicts nested keys go under, looked up once per batch
         for key, value in extra.items():
             value = expand_as_batch(value if device is None or value.device == device else value.to(device), batch_size)
             if plain and isinstance(key, str):
                 data._set_str(key, value, inplace=False, validated=True)
-            else:  # a nested key (a slice sampler's ("next", "truncated")) goes under its parents
-                data.set(key, value)
+                continue
+            if plain and isinstance(key, tuple) and len(key) > 1 and isinstance(key[-1], str):
+                node = parents.get(key[:-1])
+                if node is None:
+                    node = parents[key[:-1]] = _plain_parent(data, key[:-1], batch_size)
+                if node is not False:
+                    node._set_str(key[-1], value, inplace=False, validated=True)
+                    continue
+            # A nested key (a slice sampler's ("next", "truncated")) under parents of another kind.
+            data.set(key, value)
     return data
+
+
+def _plain_parent(data: TensorDict, path: tuple, batch_size: torch.Size) -> TensorDict | bool:
+    """The sub-TensorDict at ``path`` of a plain TensorDict when it and every parent on the way are
+    plain, unlocked TensorDicts of the batch's size (a value that fits the batch fits them, so it
+    is set unvalidated); False otherwise."""
+    node = data
+    for part in path:
+        node = node._tensordict.get(part) if isinstance(part, str) else None
+        if type(node) is not TensorDict or node.batch_size != batch_size or node.is_locked:
+            return False
+    return node
 
 
 def _holds_tensors(data: Any) -> bool:

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from gpubuf.ops._dispatch import implementation, resolve
+from gpubuf.ops._dispatch import device_path, implementation, numba_enabled, resolve
 
-__all__ = ["slice_windows", "slice_windows_ref", "MARKS"]
+__all__ = ["slice_windows", "slice_windows_ref", "slice_windows_trusted", "host_arrays_of", "MARKS"]
 
 #: The rows of the marks :func:`slice_windows` returns, in order.
 MARKS = ("truncated", "done", "terminated", "init")
@@ -134,16 +134,77 @@ def slice_windows(
     which = resolve("slice_windows", uniforms, backend)
     if which == "torch":
         return slice_windows_ref(slots, start, stop, front, back, uniforms, lower, capacity, seq_length, *flags)
+    return _run(which, slots, start, stop, front, back, uniforms, lower, capacity, seq_length, flags)
+
+
+def slice_windows_trusted(
+    slots: torch.Tensor,
+    start: torch.Tensor,
+    stop: torch.Tensor,
+    front: torch.Tensor,
+    back: torch.Tensor,
+    uniforms: torch.Tensor,
+    lower: int,
+    capacity: int,
+    seq_length: int,
+    flags: tuple,
+    backend: str = "auto",
+    host_arrays: tuple | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sample path's entry: :func:`slice_windows` without the argument checks.
+
+    For callers that built the tables themselves (:class:`~gpubuf.samplers._episodes.EpisodeIndex`)
+    and guarantee :func:`slice_windows_ref`'s contract (contiguous 1-D tables of the dtypes
+    given there, on one device); ``flags`` is the ``(done, terminated, init)`` triple. The
+    checks cost more than the draw itself for a batch of a few dozen slices on a CPU.
+
+    Args:
+        host_arrays: what :func:`host_arrays_of` gave for these tables and flags, kept by the
+            caller between draws (their NumPy views for the compiled CPU loop), or None.
+    """
+    if device_path(uniforms, backend):
+        return _run("triton", slots, start, stop, front, back, uniforms, lower, capacity, seq_length, flags)
+    if backend in ("auto", "numba") and not uniforms.is_cuda and numba_enabled():
+        a = host_arrays if host_arrays is not None else host_arrays_of(slots, start, stop, front, back, flags)
+        n = uniforms.shape[0] // 2 * seq_length
+        rows = torch.empty(n, dtype=torch.int64)
+        marks = torch.empty(len(MARKS), n, dtype=torch.bool)
+        implementation("slice_windows", "numba")(
+            a[0], a[1], a[2], a[3], a[4], uniforms.numpy(), lower, capacity, seq_length, a[5], a[6], a[7], a[8], a[9],
+            a[10], rows.numpy(), marks.numpy(),
+        )
+        return rows, marks
+    return slice_windows(slots, start, stop, front, back, uniforms, lower, capacity, seq_length, *flags, backend=backend)
+
+
+def host_arrays_of(
+    slots: torch.Tensor, start: torch.Tensor, stop: torch.Tensor, front: torch.Tensor, back: torch.Tensor, flags: tuple
+) -> tuple:
+    """The compiled CPU loop's view of CPU tables and flags: their NumPy arrays (no copies; an
+    absent flag as a one-element placeholder) and whether each flag is present. Valid as long
+    as the tensors given are (they may change in place)."""
+    none = _NO_FLAGS.numpy()
+    return (
+        slots.numpy(), start.numpy(), stop.numpy(), front.numpy(), back.numpy(),
+        *(none if f is None else f.numpy() for f in flags), *(f is not None for f in flags),
+    )
+
+
+def _run(which: str, slots: torch.Tensor, start: torch.Tensor, stop: torch.Tensor, front: torch.Tensor,
+         back: torch.Tensor, uniforms: torch.Tensor, lower: int, capacity: int, seq_length: int,
+         flags: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     kernel = implementation("slice_windows", which)
     if which == "triton":
         return kernel(slots, start, stop, front, back, uniforms, lower, capacity, seq_length, *flags)
-    n = uniforms.numel() // 2 * seq_length
+    n = uniforms.shape[0] // 2 * seq_length
     rows = torch.empty(n, dtype=torch.int64)
     marks = torch.empty(len(MARKS), n, dtype=torch.bool)
-    none = torch.zeros(1, dtype=torch.bool)  # stands for an absent flag column
-    arrays = [(none if f is None else f).numpy() for f in flags]
+    a = host_arrays_of(slots, start, stop, front, back, flags)
     kernel(
-        slots.numpy(), start.numpy(), stop.numpy(), int(front[0]), int(back[0]), uniforms.contiguous().numpy(), lower,
-        capacity, seq_length, *arrays, *(f is not None for f in flags), rows.numpy(), marks.numpy(),
+        a[0], a[1], a[2], a[3], a[4], uniforms.numpy(), lower, capacity, seq_length, a[5], a[6], a[7], a[8], a[9],
+        a[10], rows.numpy(), marks.numpy(),
     )
     return rows, marks
+
+
+_NO_FLAGS = torch.zeros(1, dtype=torch.bool)

@@ -19,6 +19,7 @@ import torch
 
 from gpubuf.errors import TrajectoryLengthError
 from gpubuf.ops._dispatch import device_path
+from gpubuf.ops.slice_windows_at import slice_windows_at
 from gpubuf.ops.sumtree import SumTree, importance_weights, sumtree_sample, sumtree_update
 from gpubuf.samplers._episodes import EpisodeIndex
 from gpubuf.samplers.prioritized import PrioritizedSampler
@@ -270,10 +271,22 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         flat, value = sumtree_sample(
             tree, self._draw_uniforms(num_slices, tree.device), stratified=self.stratified, backend=self._backend
         )
+        fixed = self.strict_length and not self.span[1]
+        if fixed and index.columns == 1 and tree.device == index.device:
+            flags = self._flag_columns(storage, index)
+            if flags is not None:
+                # One launch (or compiled loop): the windows' rows, their steps' marks and weights.
+                rows, marks, weights = slice_windows_at(
+                    flat, value, tree.min(), self._held.min(), self._beta, index.capacity, seq_length, *flags[:2],
+                    backend=self._backend,
+                )
+                out, info = self._finish_marked(rows, marks, init=False)
+                info["priority_weight"] = weights
+                return out, info
         p_min = torch.minimum(tree.min(), self._held.min())
         weight = importance_weights(value, p_min, self._beta).to(index.device)
         flat = flat.to(index.device)
-        if self.strict_length and not self.span[1]:
+        if fixed:
             # A window's rows follow its start's physical row around the ring (an absolute time and
             # its row agree modulo the capacity).
             if index.columns == 1:

@@ -227,6 +227,9 @@ class SliceSampler(Sampler):
         self._nonempty: dict[int, bool] = {}  # per slice length, since the last write
         self._static = None
         self._templates: dict = {}  # constant tensors of a draw's shape (offsets, marks)
+        self._flags_cache: tuple | None = None  # what _flag_columns found, and for what
+        self._plan: tuple | None = None  # the last draw's checked plan, while nothing is written
+        self._mark_names: tuple | None = None  # the info keys of the marks, and for which keys
         if static is not None:
             self._static = self._static_index(trajectories=trajectories, ends=ends)
 
@@ -245,6 +248,12 @@ class SliceSampler(Sampler):
         if compile:
             raise UnsupportedOptionError("compile is not supported with fragmented=True.")
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The flag columns found are views of the storage's leaves: never pickled with the sampler.
+        state = dict(self.__dict__)
+        state["_flags_cache"] = state["_plan"] = None
+        return state
+
     # ------------------------------------------------------------------ writes
     def add(self, index: Any) -> None:
         """Notes the row written at ``index``; its boundary entry is read before the next draw."""
@@ -258,6 +267,8 @@ class SliceSampler(Sampler):
 
     def mark_update(self, index: Any, *, storage: Any = None) -> None:
         """Rows written behind the buffer's back: the boundaries are rebuilt at the next draw."""
+        self._flags_cache = None
+        self._plan = None
         self._index = None
         self._pending = []
         self._fragments = None
@@ -269,6 +280,8 @@ class SliceSampler(Sampler):
         self._nonempty = {}
 
     def _empty(self) -> None:
+        self._flags_cache = None
+        self._plan = None
         self._index = None
         self._fragments = None
         self._pending = []
@@ -520,9 +533,47 @@ class SliceSampler(Sampler):
         """
         if self.fragmented:
             return self._sample_fragmented(storage, batch_size)
+        plan = self._plan
+        if (
+            plan is not None
+            and plan[0] is storage
+            and plan[1] == batch_size
+            and not self._pending
+            and plan[2] is self._index
+            and plan[3] == plan[2].written
+            and plan[4] == len(storage)
+            and plan[5] is getattr(storage, "_leaves", None)
+            and plan[6] == self._plan_settings()
+        ):
+            # Nothing written since the last draw of this size: its checks and boundaries hold,
+            # and the draw is the window op alone.
+            draw, device, num_slices, names, init = plan[7]
+            rows, marks = draw(self._draw_uniforms(2 * num_slices, device))
+            if names is None:
+                return self._finish_marked(rows, marks, init=init)
+            # _finish_marked's info: each entry an [n, 1] view of one row of the marks.
+            return (rows,), dict(zip(names, marks.unsqueeze(-1).unbind(0)))
+        self._plan = None
         index, seq_length, num_slices = self._prepare(storage, batch_size)
         u = self._draw_uniforms(2 * num_slices, index.device)
-        return self._slices(storage, index, seq_length, num_slices, u, None)
+        out = self._slices(storage, index, seq_length, num_slices, u, None)
+        if self._plan is not None:
+            # _slices took the window op with the storage's flag columns: keep what it checked.
+            pool, flags = self._plan
+            draw = index.window_draw(pool, seq_length, flags, self._backend)
+            init = flags[2] is not None
+            # The keys of _finish_marked's entries, one per row of the marks from the first (None:
+            # no truncated_key, the entries do not start at the first row).
+            names = self._info_names()
+            names = None if names[0] is None else names[:3] + ((names[3],) if init and names[3] is not None else ())
+            self._plan = (storage, batch_size, index, index.written, len(storage), getattr(storage, "_leaves", None),
+                          self._plan_settings(), (draw, index.device, num_slices, names, init))
+        return out
+
+    def _plan_settings(self) -> tuple:
+        """The settings a kept draw plan depends on (all public attributes a user may change)."""
+        return (self.num_slices, self.slice_len, self.span, self.strict_length, self.pad_output, self._backend,
+                self.truncated_key, self.init_key)
 
     # ------------------------------------------------------------------ fragmented trajectories
     def _fragment_keys(self, storage: Any) -> tuple[tuple, tuple]:
@@ -634,6 +685,8 @@ class SliceSampler(Sampler):
             flags = self._flag_columns(storage, index)
             rows, marks = index.windows(pool, seq_length, u, flags or (None, None, None), self._backend)
             if flags is not None:
+                if self._static is None and index is self._index:
+                    self._plan = (pool, flags)  # completed by sample()
                 return self._finish_marked(rows, marks, init=flags[2] is not None)
             return self._finish(storage, index, rows, None, num_slices, seq_length, None, None)
         u_traj, u_start = u[:num_slices], u[num_slices:]
@@ -690,6 +743,20 @@ class SliceSampler(Sampler):
         """The stored ``(done, terminated, init)`` flags the info entries read, as ``bool [T]``
         columns (None for one not stored, or not asked for), or None when one is stored in
         another form (then :meth:`_finish` reads them)."""
+        # Kept while the storage's leaves, the index's rows and device, and the keys are the same
+        # (the leaves list is replaced whenever the storage allocates anew).
+        cache_key = (id(storage), getattr(storage, "_leaves", None), index.capacity, index.device,
+                     self.truncated_key, self.init_key)
+        cached = self._flags_cache
+        if cached is not None and cached[0][0] == cache_key[0] and all(
+            a is b for a, b in zip(cached[0][1:], cache_key[1:])
+        ):
+            return cached[1]
+        flags = self._read_flag_columns(storage, index)
+        self._flags_cache = (cache_key, flags)
+        return flags
+
+    def _read_flag_columns(self, storage: Any, index: EpisodeIndex) -> tuple | None:
         if getattr(storage, "ndim", 1) != 1:
             return None
         keys = [None, None, None]
@@ -709,15 +776,27 @@ class SliceSampler(Sampler):
     def _finish_marked(self, rows: torch.Tensor, marks: torch.Tensor, *, init: bool) -> tuple[tuple[torch.Tensor], dict]:
         """:meth:`_finish`'s index and info for a one-dimensional storage, from the marks the
         window draw wrote (``init``: the storage holds the init flag)."""
-        info: dict = {}
+        names = self._mark_names
+        if names is None or names[0] != (self.truncated_key, self.init_key):
+            names = self._mark_names = ((self.truncated_key, self.init_key), self._info_names())
+        marked = names[1]
+        # Each entry an [n, 1] view of one row of the marks.
+        columns = marks.unsqueeze(-1).unbind(0)
+        info = {} if marked[0] is None else dict(zip(marked[:3], columns))
+        if init and marked[3] is not None:
+            info[marked[3]] = columns[3]
+        return (rows,), info
+
+    def _info_names(self) -> tuple:
+        """The info keys of the marks, in the order of :data:`~gpubuf.ops.slice_windows.MARKS`
+        (the first three absent without ``truncated_key``, the last None without ``init_key``)."""
+        names: list = []
         if self.truncated_key is not None:
             truncated_key = as_key(self.truncated_key)
-            info[_out_key(truncated_key)] = marks[0].unsqueeze(-1)
-            info[_out_key(_replace_last(truncated_key, "done"))] = marks[1].unsqueeze(-1)
-            info[_out_key(_replace_last(truncated_key, "terminated"))] = marks[2].unsqueeze(-1)
-        if init and self.init_key is not None:
-            info[_out_key(as_key(self.init_key))] = marks[3].unsqueeze(-1)
-        return (rows,), info
+            names = [_out_key(truncated_key), _out_key(_replace_last(truncated_key, "done")),
+                     _out_key(_replace_last(truncated_key, "terminated"))]
+        init_name = None if self.init_key is None else _out_key(as_key(self.init_key))
+        return (*names, *([None] * (3 - len(names))), init_name)
 
     def _nonempty_equal(self, index: EpisodeIndex, seq_length: int) -> bool:
         """Whether every trajectory is at least ``seq_length`` long (no short one)."""

@@ -39,8 +39,8 @@ SUMTREE = {
 
 
 # ---------------------------------------------------------------------------------------------
-# Slice windows (slice.py). A program draws BLOCK slices and writes their [BLOCK, next_pow2(L)]
-# window rows; a batch of 32 slices of 32 steps is one program.
+# Slice windows (slice.py). A program draws (or, at drawn starts, takes) BLOCK slices and writes
+# their [BLOCK, next_pow2(L)] window rows; a batch of 32 slices of 32 steps is one program.
 SLICE_WINDOWS = {
     "BLOCK": 32,
     "num_warps": 4,

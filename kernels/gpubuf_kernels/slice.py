@@ -1,4 +1,5 @@
-"""Triton kernel of the slice-window draw (see ``gpubuf.ops.slice_windows`` for the specification)."""
+"""Triton kernels of the slice windows: the uniform draw (``gpubuf.ops.slice_windows``) and the
+windows at drawn starts (``gpubuf.ops.slice_windows_at``), each one launch."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import itertools
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from gpubuf_kernels._config import SLICE_WINDOWS
-from gpubuf_kernels._launch import check_launch_device, launch
+from gpubuf_kernels._launch import check_launch_device, interpreter_enabled, launch
 
-__all__ = ["slice_windows_triton", "SPECIALIZATIONS"]
+__all__ = ["slice_windows_triton", "slice_windows_at_triton", "SPECIALIZATIONS"]
 
 
 @triton.jit
@@ -119,6 +121,102 @@ def slice_windows_triton(
     return rows, marks
 
 
+@triton.jit
+def _slice_windows_at_kernel(
+    starts_ptr,  # int64 [S]: each window's first physical row
+    values_ptr,  # float32 or float64 [S]: the starts' leaf values
+    min_a_ptr,  # float64 [1]: one tree's minimum
+    min_b_ptr,  # float64 [1]: the other's
+    done_ptr,  # bool [>= T]: stored done flag per row (read when HAS_DONE)
+    terminated_ptr,  # bool [>= T] (read when HAS_TERMINATED)
+    rows_ptr,  # int64 [S * L]: out, the windows' rows
+    marks_ptr,  # bool [3, S * L]: out, truncated / done / terminated per step
+    weights_ptr,  # values' dtype [S * L]: out, each step's slice weight
+    num_slices,
+    capacity,
+    seq_length,
+    beta,
+    BLOCK: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    HAS_DONE: tl.constexpr,
+    HAS_TERMINATED: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    mask = offs < num_slices
+    first = tl.load(starts_ptr + offs, mask=mask, other=0)
+    # The weights: TorchRL's (value / p_min) ** (-beta), p_min over both trees.
+    p_min = tl.minimum(tl.load(min_a_ptr), tl.load(min_b_ptr))
+    ratio = tl.load(values_ptr + offs, mask=mask, other=1.0).to(tl.float64) / p_min
+    if LIBDEVICE:
+        weight = libdevice.pow(ratio, -beta)
+    else:
+        positive = ratio > 0.0
+        weight = tl.where(positive, tl.exp(tl.log(tl.where(positive, ratio, 1.0)) * -beta), float("inf"))
+    j = tl.arange(0, BLOCK_L).to(tl.int64)
+    rows = (first[:, None] + j[None, :]) % capacity
+    where = offs[:, None] * seq_length + j[None, :]
+    inside = mask[:, None] & (j[None, :] < seq_length)
+    tl.store(rows_ptr + where, rows, mask=inside)
+    steps = tl.zeros([BLOCK, BLOCK_L], dtype=tl.float64) + weight[:, None]
+    tl.store(weights_ptr + where, steps.to(weights_ptr.dtype.element_ty), mask=inside)
+    total = num_slices * seq_length
+    last = (j[None, :] == seq_length - 1) & inside
+    done = last
+    if HAS_DONE:
+        done = done | (tl.load(done_ptr + rows, mask=inside, other=0) != 0)
+    terminated = tl.zeros([BLOCK, BLOCK_L], dtype=tl.int1)
+    if HAS_TERMINATED:
+        terminated = tl.load(terminated_ptr + rows, mask=inside, other=0) != 0
+    tl.store(marks_ptr + where, last, mask=inside)
+    tl.store(marks_ptr + total + where, done, mask=inside)
+    tl.store(marks_ptr + 2 * total + where, terminated, mask=inside)
+
+
+def slice_windows_at_triton(
+    starts: torch.Tensor,
+    values: torch.Tensor,
+    min_a: torch.Tensor,
+    min_b: torch.Tensor,
+    beta: float,
+    capacity: int,
+    seq_length: int,
+    done: torch.Tensor | None = None,
+    terminated: torch.Tensor | None = None,
+    *,
+    block: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One launch: ``int64 [S * L]`` rows, ``bool [3, S * L]`` marks and ``[S * L]`` weights of
+    ``S = starts.numel()`` windows.
+
+    Raises:
+        ValueError: inputs not on one CUDA device (or CPU under the interpreter), or not contiguous.
+    """
+    check_launch_device(starts.device, "slice_windows_at_triton")
+    flags = (done, terminated)
+    for name, tensor in (("starts", starts), ("values", values),
+                         *((n, f) for n, f in zip(("done", "terminated"), flags) if f is not None)):
+        if not tensor.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    num_slices = starts.numel()
+    n = num_slices * seq_length
+    rows = torch.empty(n, dtype=torch.int64, device=starts.device)
+    marks = torch.empty(3, n, dtype=torch.bool, device=starts.device)
+    weights = torch.empty(n, dtype=values.dtype, device=starts.device)
+    if num_slices == 0:
+        return rows, marks, weights
+    block = block or SLICE_WINDOWS["BLOCK"]
+    grid = (triton.cdiv(num_slices, block),)
+    launch(
+        _slice_windows_at_kernel, grid, starts, values, min_a, min_b,
+        *(marks if f is None else f for f in flags), rows, marks, weights, num_slices, capacity, seq_length, beta,
+        BLOCK=block, BLOCK_L=triton.next_power_of_2(seq_length), HAS_DONE=done is not None,
+        HAS_TERMINATED=terminated is not None, LIBDEVICE=not interpreter_enabled(), num_warps=SLICE_WINDOWS["num_warps"],
+    )
+    return rows, marks, weights
+
+
 #: What the launcher compiles, for the ahead-of-time check (``gpubuf.tools.aot``): slices of up to
 #: 64 steps (``BLOCK_L`` is the next power of two of the slice length), with and without each
 #: stored flag column.
@@ -136,4 +234,19 @@ SPECIALIZATIONS = [
     }
     for block_l in (32, 64)
     for has_done, has_term, has_init in itertools.product((False, True), repeat=3)
+] + [
+    {
+        "kernel": "_slice_windows_at_kernel",
+        "label": f"BLOCK_L={block_l},HAS_DONE={int(has_done)},HAS_TERMINATED={int(has_term)},{dtype}",
+        "signature": {"starts_ptr": "*i64", "values_ptr": f"*{dtype}", "min_a_ptr": "*fp64", "min_b_ptr": "*fp64",
+                      "done_ptr": "*i1", "terminated_ptr": "*i1", "rows_ptr": "*i64", "marks_ptr": "*i1",
+                      "weights_ptr": f"*{dtype}", "num_slices": "i32", "capacity": "i64", "seq_length": "i32",
+                      "beta": "fp64"},
+        "constexprs": {"BLOCK": SLICE_WINDOWS["BLOCK"], "BLOCK_L": block_l, "HAS_DONE": has_done,
+                       "HAS_TERMINATED": has_term, "LIBDEVICE": True},
+        "num_warps": SLICE_WINDOWS["num_warps"],
+    }
+    for block_l in (32, 64)
+    for has_done, has_term in itertools.product((False, True), repeat=2)
+    for dtype in ("fp32", "fp64")
 ]

@@ -57,23 +57,28 @@ def test_a_slice_sample_is_the_window_draw_and_the_gather(source, flags):
     assert (windows["episode"] == windows["episode"][:, :1]).all() and windows["next", "truncated"][:, -1].all()
 
 
-def test_a_prioritized_slice_sample_costs_16_launches_and_no_host_sync():
+@pytest.mark.parametrize("flags", [False, True])
+def test_a_prioritized_slice_sample_is_the_tree_draw_the_windows_and_the_gather(flags):
     def make(backend):
         return _buffer(PrioritizedSliceSampler(300, alpha=0.7, beta=0.5, num_slices=8, traj_key="episode"), backend,
-                       False)
+                       flags)
 
     rb = make("triton")
     rb.sample()
     with count_device_work("cpu") as work:
         batch = rb.sample()
-    # The uniforms and the sum-tree draw (2); the weights against the minimum over every step,
-    # held-aside ones included (5: minimum, the power and its casts); the window rows (2); the
-    # truncated, done and terminated marks (4); the weights per step (2); the gather (1).
-    assert_work(work, launches=16, host_syncs=0,
-                kernels={"triton:_sumtree_sample_kernel": 1, "triton:_gather_rows_kernel": 1})
+    # The uniforms, the sum-tree draw, one launch listing the windows' rows with their marks and
+    # weights (the minimum over every step, held-aside ones included, read on the device), the gather.
+    assert_work(work, launches=4, host_syncs=0,
+                kernels={"aten:rand.generator": 1, "triton:_sumtree_sample_kernel": 1,
+                         "triton:_slice_windows_at_kernel": 1, "triton:_gather_rows_kernel": 1})
     host = make("auto")
     host.sample()
     want = host.sample()
+    assert set(batch.keys(True, True)) == set(want.keys(True, True))
     assert torch.equal(batch["index"], want["index"])
     assert (batch.exclude("priority_weight") == want.exclude("priority_weight")).all()
     torch.testing.assert_close(batch["priority_weight"], want["priority_weight"], rtol=1e-6, atol=0)
+    windows = batch.reshape(8, 8)
+    assert (windows["episode"] == windows["episode"][:, :1]).all() and windows["next", "truncated"][:, -1].all()
+    assert (windows["priority_weight"] == windows["priority_weight"][:, :1]).all()

@@ -643,3 +643,49 @@ def test_boundary_source_detection_and_optional_info_entries():
 def test_slice_sampler_keys_that_are_not_keys_are_refused_at_construction(name):
     with pytest.raises(errors.SliceArgumentError, match=name):
         gpubuf.SliceSampler(num_slices=2, **{name: 5})
+
+
+def test_a_repeated_draw_follows_writes_batch_sizes_settings_and_copies():
+    """Draws of one size with nothing written between them reuse the first one's checks: a write
+    (into a full storage too), another size, a changed setting or a copy of the sampler must each
+    be seen."""
+    import pickle
+
+    def check(batch, slice_len):
+        for one in _slices(batch, batch.shape[0] // slice_len):
+            rows = one["index"].reshape(-1)
+            assert torch.equal((rows - rows[0]) % 20, torch.arange(slice_len))
+            assert one["episode"].unique().numel() == 1
+        marks = batch["next", "truncated"].reshape(-1, slice_len)
+        assert not marks[:, :-1].any() and marks[:, -1].all()
+        assert batch["next", "done"].reshape(-1, slice_len)[:, -1].all()
+        assert batch["is_init"].reshape(-1, slice_len)[:, 0].all()
+
+    sampler = gpubuf.SliceSampler(slice_len=4, traj_key="episode")
+    rb = _buffer(sampler, 20)
+    rb.extend(_transitions(_episodes([3, 6, 3, 2, 3, 3])))  # fills the storage
+    for _ in range(3):
+        batch = rb.sample(8)
+        check(batch, 4)
+        assert batch["episode"].unique().tolist() == [1]  # the only episode of 4 steps or more
+    rb.extend(_transitions(_episodes([7], first_id=7), offset=20))  # overwrites episodes 0 and 1
+    for _ in range(3):
+        batch = rb.sample(8)
+        check(batch, 4)
+        assert batch["episode"].unique().tolist() == [7]
+    assert rb.sample(12).shape == (12,)  # three slices now
+    sampler.slice_len = 2
+    check(rb.sample(12), 2)
+    sampler.slice_len = 4
+    sampler.truncated_key = None
+    first, second = rb.sample(8), rb.sample(8)  # the second one through the kept plan
+    assert set(first.keys(True, True)) == set(second.keys(True, True))
+    assert ("next", "truncated") not in second.keys(True) and second["is_init"].view(2, 4)[:, 0].all()
+    sampler.truncated_key = ("next", "truncated")
+    assert ("next", "truncated") in rb.sample(8).keys(True)
+    copy = pickle.loads(pickle.dumps(sampler))  # without the plan (NumPy views of this process's tensors)
+    (rows,), info = copy.sample(rb.storage, 8)
+    assert torch.equal((rows.view(2, 4) - rows.view(2, 4)[:, :1]) % 20, torch.arange(4).expand(2, 4))
+    rb.empty()
+    rb.extend(_transitions(_episodes([5], first_id=40)))
+    assert rb.sample(8)["episode"].unique().tolist() == [40]
