@@ -15,7 +15,7 @@ import torch
 
 from gpubuf.ops._dispatch import device_path, implementation, numba_enabled, resolve
 
-__all__ = ["slice_windows", "slice_windows_ref", "slice_windows_trusted", "host_arrays_of", "MARKS"]
+__all__ = ["slice_windows", "slice_windows_ref", "slice_windows_trusted", "MARKS"]
 
 #: The rows of the marks :func:`slice_windows` returns, in order.
 MARKS = ("truncated", "done", "terminated", "init")
@@ -149,7 +149,6 @@ def slice_windows_trusted(
     seq_length: int,
     flags: tuple,
     backend: str = "auto",
-    host_arrays: tuple | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The sample path's entry: :func:`slice_windows` without the argument checks.
 
@@ -157,27 +156,15 @@ def slice_windows_trusted(
     and guarantee :func:`slice_windows_ref`'s contract (contiguous 1-D tables of the dtypes
     given there, on one device); ``flags`` is the ``(done, terminated, init)`` triple. The
     checks cost more than the draw itself for a batch of a few dozen slices on a CPU.
-
-    Args:
-        host_arrays: what :func:`host_arrays_of` gave for these tables and flags, kept by the
-            caller between draws (their NumPy views for the compiled CPU loop), or None.
     """
     if device_path(uniforms, backend):
         return _run("triton", slots, start, stop, front, back, uniforms, lower, capacity, seq_length, flags)
     if backend in ("auto", "numba") and not uniforms.is_cuda and numba_enabled():
-        a = host_arrays if host_arrays is not None else host_arrays_of(slots, start, stop, front, back, flags)
-        n = uniforms.shape[0] // 2 * seq_length
-        rows = torch.empty(n, dtype=torch.int64)
-        marks = torch.empty(len(MARKS), n, dtype=torch.bool)
-        implementation("slice_windows", "numba")(
-            a[0], a[1], a[2], a[3], a[4], uniforms.numpy(), lower, capacity, seq_length, a[5], a[6], a[7], a[8], a[9],
-            a[10], rows.numpy(), marks.numpy(),
-        )
-        return rows, marks
+        return _run("numba", slots, start, stop, front, back, uniforms, lower, capacity, seq_length, flags)
     return slice_windows(slots, start, stop, front, back, uniforms, lower, capacity, seq_length, *flags, backend=backend)
 
 
-def host_arrays_of(
+def _host_arrays(
     slots: torch.Tensor, start: torch.Tensor, stop: torch.Tensor, front: torch.Tensor, back: torch.Tensor, flags: tuple
 ) -> tuple:
     """The compiled CPU loop's view of CPU tables and flags: their NumPy arrays (no copies; an
@@ -199,7 +186,7 @@ def _run(which: str, slots: torch.Tensor, start: torch.Tensor, stop: torch.Tenso
     n = uniforms.shape[0] // 2 * seq_length
     rows = torch.empty(n, dtype=torch.int64)
     marks = torch.empty(len(MARKS), n, dtype=torch.bool)
-    a = host_arrays_of(slots, start, stop, front, back, flags)
+    a = _host_arrays(slots, start, stop, front, back, flags)
     kernel(
         a[0], a[1], a[2], a[3], a[4], uniforms.numpy(), lower, capacity, seq_length, a[5], a[6], a[7], a[8], a[9],
         a[10], rows.numpy(), marks.numpy(),

@@ -29,11 +29,10 @@ a new slice length is built. :meth:`EpisodeIndex.windows` draws a batch of windo
 
 from __future__ import annotations
 
-from typing import Callable
 
 import torch
 
-from gpubuf.ops.slice_windows import host_arrays_of, slice_windows_trusted
+from gpubuf.ops.slice_windows import slice_windows_trusted
 
 __all__ = ["EpisodeIndex"]
 
@@ -149,24 +148,11 @@ class EpisodeIndex:
         """Rows and marks of ``S = uniforms.numel() // 2`` windows of ``length`` steps in
         trajectories drawn among those at least ``pool`` long (one column only), with the stored
         ``(done, terminated, init)`` flag columns ``flags``: see :func:`slice_windows`."""
-        return self.window_draw(pool, length, flags, backend)(uniforms)
-
-    def window_draw(
-        self, pool: int, length: int, flags: tuple = (None, None, None), backend: str = "auto"
-    ) -> Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
-        """:meth:`windows` with everything but the uniforms bound: a function of the uniforms,
-        valid until the next :meth:`append` (which replaces the deque's ends and moves the oldest
-        row). Repeated draws between writes skip the lookups and the tables' NumPy views."""
         elig = self.eligible(pool)
-        tables = (elig.slots[0], self.start[0], self.stop[0], elig.front, elig.back)
-        # The compiled CPU loop's views of the tables (no copies), made once for every draw.
-        arrays = host_arrays_of(*tables, flags) if self.device.type == "cpu" else None
-        lower, capacity = self.lower, self.capacity
-
-        def draw(uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            return slice_windows_trusted(*tables, uniforms, lower, capacity, length, flags, backend, arrays)
-
-        return draw
+        return slice_windows_trusted(
+            elig.slots[0], self.start[0], self.stop[0], elig.front, elig.back, uniforms, self.lower, self.capacity,
+            length, flags, backend,
+        )
 
     def pick(self, elig: _Eligible, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The ``k``-th eligible trajectories (column by column, oldest first within a column)."""

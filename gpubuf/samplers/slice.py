@@ -228,7 +228,6 @@ class SliceSampler(Sampler):
         self._static = None
         self._templates: dict = {}  # constant tensors of a draw's shape (offsets, marks)
         self._flags_cache: tuple | None = None  # what _flag_columns found, and for what
-        self._plan: tuple | None = None  # the last draw's checked plan, while nothing is written
         self._mark_names: tuple | None = None  # the info keys of the marks, and for which keys
         if static is not None:
             self._static = self._static_index(trajectories=trajectories, ends=ends)
@@ -251,7 +250,7 @@ class SliceSampler(Sampler):
     def __getstate__(self) -> dict[str, Any]:
         # The flag columns found are views of the storage's leaves: never pickled with the sampler.
         state = dict(self.__dict__)
-        state["_flags_cache"] = state["_plan"] = None
+        state["_flags_cache"] = None
         return state
 
     # ------------------------------------------------------------------ writes
@@ -268,7 +267,6 @@ class SliceSampler(Sampler):
     def mark_update(self, index: Any, *, storage: Any = None) -> None:
         """Rows written behind the buffer's back: the boundaries are rebuilt at the next draw."""
         self._flags_cache = None
-        self._plan = None
         self._index = None
         self._pending = []
         self._fragments = None
@@ -281,7 +279,6 @@ class SliceSampler(Sampler):
 
     def _empty(self) -> None:
         self._flags_cache = None
-        self._plan = None
         self._index = None
         self._fragments = None
         self._pending = []
@@ -533,47 +530,9 @@ class SliceSampler(Sampler):
         """
         if self.fragmented:
             return self._sample_fragmented(storage, batch_size)
-        plan = self._plan
-        if (
-            plan is not None
-            and plan[0] is storage
-            and plan[1] == batch_size
-            and not self._pending
-            and plan[2] is self._index
-            and plan[3] == plan[2].written
-            and plan[4] == len(storage)
-            and plan[5] is getattr(storage, "_leaves", None)
-            and plan[6] == self._plan_settings()
-        ):
-            # Nothing written since the last draw of this size: its checks and boundaries hold,
-            # and the draw is the window op alone.
-            draw, device, num_slices, names, init = plan[7]
-            rows, marks = draw(self._draw_uniforms(2 * num_slices, device))
-            if names is None:
-                return self._finish_marked(rows, marks, init=init)
-            # _finish_marked's info: each entry an [n, 1] view of one row of the marks.
-            return (rows,), dict(zip(names, marks.unsqueeze(-1).unbind(0)))
-        self._plan = None
         index, seq_length, num_slices = self._prepare(storage, batch_size)
         u = self._draw_uniforms(2 * num_slices, index.device)
-        out = self._slices(storage, index, seq_length, num_slices, u, None)
-        if self._plan is not None:
-            # _slices took the window op with the storage's flag columns: keep what it checked.
-            pool, flags = self._plan
-            draw = index.window_draw(pool, seq_length, flags, self._backend)
-            init = flags[2] is not None
-            # The keys of _finish_marked's entries, one per row of the marks from the first (None:
-            # no truncated_key, the entries do not start at the first row).
-            names = self._info_names()
-            names = None if names[0] is None else names[:3] + ((names[3],) if init and names[3] is not None else ())
-            self._plan = (storage, batch_size, index, index.written, len(storage), getattr(storage, "_leaves", None),
-                          self._plan_settings(), (draw, index.device, num_slices, names, init))
-        return out
-
-    def _plan_settings(self) -> tuple:
-        """The settings a kept draw plan depends on (all public attributes a user may change)."""
-        return (self.num_slices, self.slice_len, self.span, self.strict_length, self.pad_output, self._backend,
-                self.truncated_key, self.init_key)
+        return self._slices(storage, index, seq_length, num_slices, u, None)
 
     # ------------------------------------------------------------------ fragmented trajectories
     def _fragment_keys(self, storage: Any) -> tuple[tuple, tuple]:
@@ -685,8 +644,6 @@ class SliceSampler(Sampler):
             flags = self._flag_columns(storage, index)
             rows, marks = index.windows(pool, seq_length, u, flags or (None, None, None), self._backend)
             if flags is not None:
-                if self._static is None and index is self._index:
-                    self._plan = (pool, flags)  # completed by sample()
                 return self._finish_marked(rows, marks, init=flags[2] is not None)
             return self._finish(storage, index, rows, None, num_slices, seq_length, None, None)
         u_traj, u_start = u[:num_slices], u[num_slices:]

@@ -678,12 +678,12 @@ def test_a_repeated_draw_follows_writes_batch_sizes_settings_and_copies():
     check(rb.sample(12), 2)
     sampler.slice_len = 4
     sampler.truncated_key = None
-    first, second = rb.sample(8), rb.sample(8)  # the second one through the kept plan
+    first, second = rb.sample(8), rb.sample(8)
     assert set(first.keys(True, True)) == set(second.keys(True, True))
     assert ("next", "truncated") not in second.keys(True) and second["is_init"].view(2, 4)[:, 0].all()
     sampler.truncated_key = ("next", "truncated")
     assert ("next", "truncated") in rb.sample(8).keys(True)
-    copy = pickle.loads(pickle.dumps(sampler))  # without the plan (NumPy views of this process's tensors)
+    copy = pickle.loads(pickle.dumps(sampler))  # without the flag columns (views of this process's tensors)
     (rows,), info = copy.sample(rb.storage, 8)
     assert torch.equal((rows.view(2, 4) - rows.view(2, 4)[:, :1]) % 20, torch.arange(4).expand(2, 4))
     rb.empty()
