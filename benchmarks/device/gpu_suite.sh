@@ -14,6 +14,7 @@
 #     tests    the whole suite, CUDA tests included, Triton compiled for the GPU (not interpreted)
 #     bench    gpubuf bench --full on CUDA: extend, sample, cycle, draw, update, with TorchRL beside it
 #     codec    benchmarks/bench_compressed.py on CUDA, with the decode rate of the Triton kernel
+#     slice    benchmarks/bench_slice.py on CUDA: SliceSampler's sample at N = 1M and 10M rows beside TorchRL's
 #     gather   the gather's GB/s next to the same run's device-to-device copy bandwidth
 #     counts   launches and host syncs of sample, extend and the prioritized cycle (B = 256, 65536)
 #     graph    the CUDA graph tests (capture a fixed-size sample, replay it)
@@ -25,17 +26,17 @@
 # fits its 10 minutes).
 #
 # For a dry run elsewhere: GPUBUF_SUITE_DEVICE=cpu, and GPUBUF_BENCH_ARGS to replace "--full"
-# (e.g. "--quick --rows 20000 --ops sample:256").
+# (e.g. "--quick --rows 20000 --ops sample:256"), GPUBUF_SLICE_SIZES to replace "1000000 10000000".
 set -euo pipefail
 
 if [ "$#" -eq 0 ]; then
-  sed -n '2,27p' "$0"
+  sed -n '2,28p' "$0"
   exit 2
 fi
 for stage in "$@"; do
   case $stage in
-    tests | bench | codec | gather | counts | graph | aot) ;;
-    *) echo "unknown stage '$stage': expected tests, bench, codec, gather, counts, graph or aot" >&2; exit 2 ;;
+    tests | bench | codec | slice | gather | counts | graph | aot) ;;
+    *) echo "unknown stage '$stage': expected tests, bench, codec, slice, gather, counts, graph or aot" >&2; exit 2 ;;
   esac
 done
 
@@ -75,6 +76,11 @@ for stage in "$@"; do
     codec)
       python3 benchmarks/bench_compressed.py --device "$device" --no-per-game --json "$dir/compressed.json" 2>&1 \
         | tee "$dir/log.txt" || status=1
+      ;;
+    slice)
+      read -r -a slice_sizes <<< "${GPUBUF_SLICE_SIZES:-1000000 10000000}"
+      python3 benchmarks/bench_slice.py --device "$device" --sizes "${slice_sizes[@]}" --repeats 30 \
+        --json "$dir/slice.json" 2>&1 | tee "$dir/log.txt" || status=1
       ;;
     gather)
       python3 -m pytest -q -p no:cacheprovider benchmarks/bench_gather.py --benchmark-only --bench-device "$device" \

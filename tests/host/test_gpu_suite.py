@@ -19,7 +19,7 @@ def _run(*args, **env):
 def test_without_a_stage_it_prints_its_usage_and_fails():
     done = _run()
     assert done.returncode == 2
-    for stage in ("tests", "bench", "codec", "gather", "counts", "graph", "aot", "GPUBUF_GIT_SHA"):
+    for stage in ("tests", "bench", "codec", "slice", "gather", "counts", "graph", "aot", "GPUBUF_GIT_SHA"):
         assert stage in done.stdout
 
 
