@@ -1,4 +1,4 @@
-"""Row prefetch inside a CPU row gather of 128 rows up to 8 MiB: the rows are the twin's, the
+"""Row prefetch inside a CPU row gather of 128 to 4,096 rows: the rows are the twin's, the
 sources are untouched, a prefetch of addresses holding nothing does not fault, and only gathers
 inside the range prefetch."""
 
@@ -68,9 +68,8 @@ def test_a_large_sample_prefetches_only_past_the_threshold(monkeypatch):
     rb.sample(threshold - 1)
     rb.sample(threshold)
     assert seen == [threshold]
-    # Past PREFETCH_MAX_BYTES the prefetched lines would leave the caches before the copy.
-    row_bytes = 4 * 4 + 1
-    monkeypatch.setattr(gather_module, "PREFETCH_MAX_BYTES", 1500 * row_bytes)
+    # Past PREFETCH_MAX_ROWS index_select keeps enough reads in flight by itself.
+    monkeypatch.setattr(gather_module, "PREFETCH_MAX_ROWS", 1500)
     rb.sample(1500)
     rb.sample(1501)
     assert seen == [threshold, 1500]
