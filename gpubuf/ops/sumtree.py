@@ -495,13 +495,15 @@ def _validate_update(
         raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
     if not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"eps must be finite and >= 0, got {eps}")
-    index = index.reshape(-1)
+    # reshape() makes a tensor even when it changes nothing: 1-D operands (a sampler's) pass as they are.
+    if index.ndim != 1:
+        index = index.reshape(-1)
     if priority.numel() != 1 and priority.numel() != index.numel():
         raise PriorityError(
             f"priority of shape {list(priority.shape)} does not match index of shape {list(index.shape)}: "
             "expected one priority per index or a single one"
         )
-    return index, priority.reshape(-1)
+    return index, priority if priority.ndim == 1 else priority.reshape(-1)
 
 
 def _check_values(
