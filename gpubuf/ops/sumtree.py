@@ -811,30 +811,37 @@ def sumtree_sample_ref(
 
 def _draw_numba(
     tree: SumTree, uniforms: torch.Tensor, stratified: bool, beta: float | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The compiled draw: ``(index, value, weight or None)`` in one call.
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The compiled draw in one call: ``(index, value, None)``, or with ``beta``, ``(index, None, weight)``.
 
     All draws descend level by level; batches from :data:`_SORTED_DRAWS` on in (nearly)
     increasing order of mass, which the kernel finds itself (a counting sort), smaller ones in
     draw order.
     """
     arrays = tree._numpy_arrays()
-    u = uniforms.detach()
-    if u.dtype != torch.float64:
-        u = u.to(torch.float64)
-    n = u.numel()
+    u = uniforms if uniforms.dtype == torch.float64 else uniforms.to(torch.float64)
+    n = u.shape[0]
     index = torch.empty(n, dtype=torch.int64)
-    value = torch.empty(n, dtype=tree.dtype)
-    weight = torch.empty(n if beta is not None else 0, dtype=tree.dtype)
+    weighted = beta is not None
+    if weighted:
+        # The leaf values are the kernel's scratch here (only the weights are returned): a NumPy
+        # array, a fraction of the cost of a tensor and its numpy() view.
+        value, out_value = None, np.empty(n, dtype=_NUMPY_LEAF_DTYPES[tree.dtype])
+        weight = torch.empty(n, dtype=tree.dtype)
+        out_weight = weight.numpy()
+    else:
+        value = torch.empty(n, dtype=tree.dtype)
+        weight, out_value, out_weight = None, value.numpy(), _NO_WEIGHTS[tree.dtype]
     kernel_module("cpu.sumtree").draw(
         arrays.leaves, arrays.sums, arrays.mins, arrays.offsets, arrays.sizes, arrays.shift, _numpy(u), bool(stratified),
-        n >= _SORTED_DRAWS, _NO_ORDER_ARRAY, 0.0 if beta is None else float(beta), index.numpy(), value.numpy(),
-        weight.numpy(),
+        n >= _SORTED_DRAWS, _NO_ORDER_ARRAY, float(beta) if weighted else 0.0, index.numpy(), out_value, out_weight,
     )
-    return index, value, (weight if beta is not None else None)
+    return index, value, weight
 
 
 _NO_ORDER_ARRAY = np.zeros(0, dtype=np.int64)
+#: The draw kernel's "no weights" output (it only reads the length), per leaf dtype.
+_NO_WEIGHTS = {dtype: np.zeros(0, dtype=array) for dtype, array in _NUMPY_LEAF_DTYPES.items()}
 
 
 def _check_uniforms(tree: SumTree, uniforms: Any) -> None:
