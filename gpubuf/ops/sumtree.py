@@ -342,13 +342,15 @@ _SERIAL_ELEMENTS = 16_384
 _NUMPY_LEAF_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 
 
-def _transform_serial(priority: torch.Tensor, alpha: float, eps: float, dtype: torch.dtype) -> torch.Tensor:
-    """:func:`transform_priority` of a CPU tensor of a real dtype, on the calling thread; the same bits.
+def _transform_serial(priority: np.ndarray, alpha: float, eps: float, dtype: torch.dtype) -> np.ndarray:
+    """:func:`transform_priority` of the NumPy view of a CPU tensor of a real dtype, on the calling
+    thread; the same bits, as a new NumPy array in the leaf ``dtype``.
 
     The widening, ``+ eps`` and the cast to the leaf dtype are exact or correctly rounded IEEE
     steps, done in NumPy (a fraction of a microsecond each for a batch, against about one for a
     torch op); the power stays torch's (its vectorized ``pow`` is not the C library's), in place
-    on the float64 copy, in slices that torch runs on the calling thread.
+    on the float64 copy, in slices that torch runs on the calling thread. NumPy in and out: the
+    compiled update takes arrays, and each ``Tensor.numpy()`` costs about half a microsecond.
 
     Why slices: a parallel region waits for every thread of the pool; on a loaded 2-core
     machine the second one is often descheduled, and a 65,536-entry transform measured 0.15 ms
@@ -356,7 +358,7 @@ def _transform_serial(priority: torch.Tensor, alpha: float, eps: float, dtype: t
     The compiled update around it is single-threaded anyway.
     """
     # np.add with dtype=float64 writes a new array: the caller's priorities are never touched.
-    shifted = np.add(_numpy(priority).reshape(-1), eps, dtype=np.float64)
+    shifted = np.add(priority.reshape(-1), eps, dtype=np.float64)
     powered = torch.from_numpy(shifted)
     n = shifted.shape[0]
     if n <= _SERIAL_ELEMENTS:
@@ -364,8 +366,7 @@ def _transform_serial(priority: torch.Tensor, alpha: float, eps: float, dtype: t
     else:
         for start in range(0, n, _SERIAL_ELEMENTS):
             powered[start : start + _SERIAL_ELEMENTS].pow_(alpha)
-    out = shifted if dtype == torch.float64 else shifted.astype(_NUMPY_LEAF_DTYPES[dtype])
-    return torch.from_numpy(out)
+    return shifted if dtype == torch.float64 else shifted.astype(_NUMPY_LEAF_DTYPES[dtype])
 
 
 def _row_sums(rows: torch.Tensor) -> torch.Tensor:
@@ -665,19 +666,20 @@ def _update_numba(
     """
     if priority.dtype not in _KERNEL_PRIORITY_DTYPES:
         priority = priority.to(torch.float64)
-    values = _transform_serial(priority, alpha, eps, tree.dtype)
+    raw = _numpy(priority)  # one view for the transform and the kernel
+    values = _transform_serial(raw, alpha, eps, tree.dtype)
     if index.numel() == 0:
         if priority.numel():
-            _check_values(tree, index, priority, values, limit)
+            _check_values(tree, index, priority, torch.from_numpy(values), limit)
         return
     kernels = kernel_module("cpu.sumtree")
     arrays = tree._numpy_arrays()
     status = kernels.update(
         arrays.leaves, arrays.sums, arrays.mins, arrays.offsets, arrays.sizes, arrays.shift, _numpy(index),
-        _numpy(priority), values.numpy(), limit, _NO_MAX.copy() if max_priority is None else max_priority.numpy(),
+        raw, values, limit, _NO_MAX.copy() if max_priority is None else max_priority.numpy(),
     )
     if status != kernels.UPDATED:
-        _check_values(tree, index, priority, values, limit)
+        _check_values(tree, index, priority, torch.from_numpy(values), limit)
         raise PriorityError("the update failed its checks")  # pragma: no cover - _check_values raised first
 
 

@@ -191,7 +191,7 @@ def test_transform_in_slices_equals_transform(dtype, n):
         p = torch.randint(0, 1000, (n,), generator=gen, dtype=dtype)
     kept = p.clone()
     for leaf in (torch.float32, torch.float64):
-        got = sumtree_module._transform_serial(p, 0.7, 1e-8, leaf)
+        got = torch.from_numpy(sumtree_module._transform_serial(p.numpy(), 0.7, 1e-8, leaf))
         assert torch.equal(got, transform_priority(p, 0.7, 1e-8, leaf))
     assert torch.equal(p, kept)
 
