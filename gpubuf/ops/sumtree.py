@@ -237,6 +237,16 @@ class SumTree:
         """Sum of all leaves: the root, a 0-d ``float64`` tensor view on the tree's device."""
         return self.sums[0]
 
+    def host_total(self) -> float:
+        """The sum of all leaves as a host number: one synchronisation on a device tree.
+
+        A CPU tree's root is read through the NumPy view the compiled kernels use (a quarter of
+        the cost of ``total().item()``, which makes a 0-d tensor first).
+        """
+        if self.leaves.is_cpu:
+            return self._numpy_arrays().sums[0]  # a numpy.float64, which is a float
+        return self.total().item()
+
     def min(self) -> torch.Tensor:
         """Smallest positive leaf (``+inf`` if none): a 0-d ``float64`` tensor view on the tree's device."""
         return self.mins[0]

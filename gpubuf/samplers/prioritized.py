@@ -527,7 +527,7 @@ class PrioritizedSampler(Sampler):
         if len(storage) == 0:
             raise EmptyBufferError(_EMPTY)
         tree = self._tree
-        if not device_path(tree.leaves, self._backend) and not tree.total().item() > 0:
+        if not device_path(tree.leaves, self._backend) and not tree.host_total() > 0:
             # A read of host memory; a GPU tree records this on the device instead (check_errors).
             raise EmptyBufferError(_ALL_ZERO)
         index, weight = sumtree_sample_weighted(
