@@ -506,7 +506,10 @@ def _validate_update(
         raise TypeError(f"priority must be a tensor, got {type(priority).__name__}")
     if priority.dtype.is_complex or priority.dtype == torch.bool:
         raise PriorityError(f"priority must be real, got {priority.dtype}")
-    if index.device != tree.device or priority.device != tree.device:
+    # is_cpu first: comparing devices makes a torch.device per tensor.
+    if not (index.is_cpu and priority.is_cpu and tree.leaves.is_cpu) and (
+        index.device != tree.device or priority.device != tree.device
+    ):
         raise DeviceMismatchError(
             f"index ({index.device}) and priority ({priority.device}) must be on the tree's device {tree.device}"
         )
@@ -618,7 +621,10 @@ def sumtree_update(
         priority = tree.leaves[:1] if max_priority is None else max_priority  # checked for shape and device only
     index, priority = _validate_update(tree, index, priority, alpha, eps)
     if max_priority is not None and (
-        max_priority.dtype != torch.float64 or max_priority.shape != (1,) or max_priority.device != tree.device
+        max_priority.dtype != torch.float64
+        or max_priority.ndim != 1
+        or max_priority.shape[0] != 1
+        or (not (max_priority.is_cpu and tree.leaves.is_cpu) and max_priority.device != tree.device)
     ):
         raise TypeError(f"max_priority must be a float64 tensor of shape [1] on {tree.device}")
     if limit is None:
