@@ -100,7 +100,7 @@ def _check_one_index(index: Any, length: int) -> None:
             raise InvalidSliceError(f"slice step {index.step} is not positive: {_INDEX_HELP}")
         return
     if isinstance(index, torch.Tensor):
-        if index.device.type == "meta":
+        if index.is_meta:  # an attribute read; .device makes a torch.device
             raise InvalidIndexError(f"an index on the meta device holds no values: {_INDEX_HELP}")
         _check_index_dtype(index.dtype, tuple(index.shape), length)
         return
@@ -163,7 +163,7 @@ def check_priority_index(index: Any) -> None:
     if isinstance(index, torch.Tensor):
         if index.dtype.is_floating_point or index.dtype.is_complex or index.dtype == torch.bool:
             raise InvalidIndexError(f"priority index of dtype {index.dtype}: expected integer indices")
-        if index.device.type == "meta":
+        if index.is_meta:  # an attribute read; .device makes a torch.device
             raise InvalidIndexError("a priority index on the meta device holds no values: expected integer indices")
         return
     if isinstance(index, bool) or index is None:
@@ -190,7 +190,7 @@ def check_priority_values(priority: Any) -> None:
     if isinstance(priority, torch.Tensor):
         if priority.dtype.is_complex or priority.dtype == torch.bool:
             raise PriorityError(f"priority of dtype {priority.dtype}: expected real numbers")
-        if priority.device.type == "meta":
+        if priority.is_meta:
             raise PriorityError("priority on the meta device holds no values: expected real numbers")
         return
     if priority is None:

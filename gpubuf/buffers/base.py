@@ -905,7 +905,9 @@ def _describe(value: Any) -> str:
 
 def _to(value: Any, device: torch.device) -> Any:
     if isinstance(value, torch.Tensor):
-        return value.to(device)
+        # to() returns the tensor itself when it is there already, after a dispatch that costs
+        # more than the comparison.
+        return value if value.device == device else value.to(device)
     if isinstance(value, tuple):
         return tuple(_to(v, device) for v in value)
     return value

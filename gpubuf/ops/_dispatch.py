@@ -157,7 +157,8 @@ def resolve_backend(
     if backend == "auto":
         if tensor.is_cuda and has_cuda_kernel and _triton_importable():
             return "triton"
-        if has_cpu_kernel and tensor.device.type == "cpu" and numba_enabled():
+        # is_cpu: no torch.device object made, as tensor.device would.
+        if has_cpu_kernel and tensor.is_cpu and numba_enabled():
             return "numba"
         return "torch"
     if backend == "numba":

@@ -237,6 +237,16 @@ class SumTree:
         """Sum of all leaves: the root, a 0-d ``float64`` tensor view on the tree's device."""
         return self.sums[0]
 
+    def host_total(self) -> float:
+        """The sum of all leaves as a host number: one synchronisation on a device tree.
+
+        A CPU tree's root is read through the NumPy view the compiled kernels use (a quarter of
+        the cost of ``total().item()``, which makes a 0-d tensor first).
+        """
+        if self.leaves.is_cpu:
+            return self._numpy_arrays().sums[0]  # a numpy.float64, which is a float
+        return self.total().item()
+
     def min(self) -> torch.Tensor:
         """Smallest positive leaf (``+inf`` if none): a 0-d ``float64`` tensor view on the tree's device."""
         return self.mins[0]
@@ -339,25 +349,34 @@ def transform_priority(priority: torch.Tensor, alpha: float, eps: float, dtype: 
 #: thread; :func:`_transform_serial` stays below it.
 _SERIAL_ELEMENTS = 16_384
 
+_NUMPY_LEAF_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 
-def _transform_serial(priority: torch.Tensor, alpha: float, eps: float, dtype: torch.dtype) -> torch.Tensor:
-    """:func:`transform_priority` of a CPU tensor, computed in slices that torch runs on the calling thread.
 
-    The same bits (the ops are elementwise). A parallel region waits for every thread of the
-    pool; on a loaded 2-core machine the second one is often descheduled, and a 65,536-entry
-    transform measured 0.15 ms at the median and 8.6 ms on average with two threads, against
-    1.5 ms on average in slices. The compiled update around it is single-threaded anyway.
+def _transform_serial(priority: np.ndarray, alpha: float, eps: float, dtype: torch.dtype) -> np.ndarray:
+    """:func:`transform_priority` of the NumPy view of a CPU tensor of a real dtype, on the calling
+    thread; the same bits, as a new NumPy array in the leaf ``dtype``.
+
+    The widening, ``+ eps`` and the cast to the leaf dtype are exact or correctly rounded IEEE
+    steps, done in NumPy (a fraction of a microsecond each for a batch, against about one for a
+    torch op); the power stays torch's (its vectorized ``pow`` is not the C library's), in place
+    on the float64 copy, in slices that torch runs on the calling thread. NumPy in and out: the
+    compiled update takes arrays, and each ``Tensor.numpy()`` costs about half a microsecond.
+
+    Why slices: a parallel region waits for every thread of the pool; on a loaded 2-core
+    machine the second one is often descheduled, and a 65,536-entry transform measured 0.15 ms
+    at the median and 8.6 ms on average with two threads, against 1.5 ms on average in slices.
+    The compiled update around it is single-threaded anyway.
     """
-    n = priority.numel()
+    # np.add with dtype=float64 writes a new array: the caller's priorities are never touched.
+    shifted = np.add(priority.reshape(-1), eps, dtype=np.float64)
+    powered = torch.from_numpy(shifted)
+    n = shifted.shape[0]
     if n <= _SERIAL_ELEMENTS:
-        return transform_priority(priority, alpha, eps, dtype)
-    flat = priority.reshape(-1)
-    out = torch.empty(n, dtype=dtype)
-    for start in range(0, n, _SERIAL_ELEMENTS):
-        # ``+ eps`` makes a new tensor, so ``pow_`` never writes into the caller's priorities.
-        part = flat[start : start + _SERIAL_ELEMENTS].to(torch.float64) + eps
-        out[start : start + _SERIAL_ELEMENTS] = part.pow_(alpha)
-    return out
+        powered.pow_(alpha)
+    else:
+        for start in range(0, n, _SERIAL_ELEMENTS):
+            powered[start : start + _SERIAL_ELEMENTS].pow_(alpha)
+    return shifted if dtype == torch.float64 else shifted.astype(_NUMPY_LEAF_DTYPES[dtype])
 
 
 def _row_sums(rows: torch.Tensor) -> torch.Tensor:
@@ -487,7 +506,10 @@ def _validate_update(
         raise TypeError(f"priority must be a tensor, got {type(priority).__name__}")
     if priority.dtype.is_complex or priority.dtype == torch.bool:
         raise PriorityError(f"priority must be real, got {priority.dtype}")
-    if index.device != tree.device or priority.device != tree.device:
+    # is_cpu first: comparing devices makes a torch.device per tensor.
+    if not (index.is_cpu and priority.is_cpu and tree.leaves.is_cpu) and (
+        index.device != tree.device or priority.device != tree.device
+    ):
         raise DeviceMismatchError(
             f"index ({index.device}) and priority ({priority.device}) must be on the tree's device {tree.device}"
         )
@@ -495,13 +517,15 @@ def _validate_update(
         raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
     if not (math.isfinite(eps) and eps >= 0):
         raise ValueError(f"eps must be finite and >= 0, got {eps}")
-    index = index.reshape(-1)
+    # reshape() makes a tensor even when it changes nothing: 1-D operands (a sampler's) pass as they are.
+    if index.ndim != 1:
+        index = index.reshape(-1)
     if priority.numel() != 1 and priority.numel() != index.numel():
         raise PriorityError(
             f"priority of shape {list(priority.shape)} does not match index of shape {list(index.shape)}: "
             "expected one priority per index or a single one"
         )
-    return index, priority.reshape(-1)
+    return index, priority if priority.ndim == 1 else priority.reshape(-1)
 
 
 def _check_values(
@@ -597,7 +621,10 @@ def sumtree_update(
         priority = tree.leaves[:1] if max_priority is None else max_priority  # checked for shape and device only
     index, priority = _validate_update(tree, index, priority, alpha, eps)
     if max_priority is not None and (
-        max_priority.dtype != torch.float64 or max_priority.shape != (1,) or max_priority.device != tree.device
+        max_priority.dtype != torch.float64
+        or max_priority.ndim != 1
+        or max_priority.shape[0] != 1
+        or (not (max_priority.is_cpu and tree.leaves.is_cpu) and max_priority.device != tree.device)
     ):
         raise TypeError(f"max_priority must be a float64 tensor of shape [1] on {tree.device}")
     if limit is None:
@@ -655,19 +682,20 @@ def _update_numba(
     """
     if priority.dtype not in _KERNEL_PRIORITY_DTYPES:
         priority = priority.to(torch.float64)
-    values = _transform_serial(priority, alpha, eps, tree.dtype)
+    raw = _numpy(priority)  # one view for the transform and the kernel
+    values = _transform_serial(raw, alpha, eps, tree.dtype)
     if index.numel() == 0:
         if priority.numel():
-            _check_values(tree, index, priority, values, limit)
+            _check_values(tree, index, priority, torch.from_numpy(values), limit)
         return
     kernels = kernel_module("cpu.sumtree")
     arrays = tree._numpy_arrays()
     status = kernels.update(
         arrays.leaves, arrays.sums, arrays.mins, arrays.offsets, arrays.sizes, arrays.shift, _numpy(index),
-        _numpy(priority), values.numpy(), limit, _NO_MAX.copy() if max_priority is None else max_priority.numpy(),
+        raw, values, limit, _NO_MAX.copy() if max_priority is None else max_priority.numpy(),
     )
     if status != kernels.UPDATED:
-        _check_values(tree, index, priority, values, limit)
+        _check_values(tree, index, priority, torch.from_numpy(values), limit)
         raise PriorityError("the update failed its checks")  # pragma: no cover - _check_values raised first
 
 
@@ -801,30 +829,36 @@ def sumtree_sample_ref(
 
 def _draw_numba(
     tree: SumTree, uniforms: torch.Tensor, stratified: bool, beta: float | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """The compiled draw: ``(index, value, weight or None)`` in one call.
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """The compiled draw in one call: ``(index, value, None)``, or with ``beta``, ``(index, None, weight)``.
 
     All draws descend level by level; batches from :data:`_SORTED_DRAWS` on in (nearly)
     increasing order of mass, which the kernel finds itself (a counting sort), smaller ones in
     draw order.
     """
     arrays = tree._numpy_arrays()
-    u = uniforms.detach()
-    if u.dtype != torch.float64:
-        u = u.to(torch.float64)
-    n = u.numel()
-    index = torch.empty(n, dtype=torch.int64)
-    value = torch.empty(n, dtype=tree.dtype)
-    weight = torch.empty(n if beta is not None else 0, dtype=tree.dtype)
+    u = uniforms if uniforms.dtype == torch.float64 else uniforms.to(torch.float64)
+    n = u.shape[0]
+    leaf_dtype = _NUMPY_LEAF_DTYPES[tree.dtype]
+    # The outputs are NumPy arrays, handed out as tensors sharing their memory: np.empty and
+    # torch.from_numpy cost 0.5 us together, torch.empty and Tensor.numpy() 1.2 us. The leaf
+    # values are the kernel's scratch when only the weights are returned.
+    out_index = np.empty(n, dtype=np.int64)
+    out_value = np.empty(n, dtype=leaf_dtype)
+    weighted = beta is not None
+    out_weight = np.empty(n, dtype=leaf_dtype) if weighted else _NO_WEIGHTS[tree.dtype]
     kernel_module("cpu.sumtree").draw(
         arrays.leaves, arrays.sums, arrays.mins, arrays.offsets, arrays.sizes, arrays.shift, _numpy(u), bool(stratified),
-        n >= _SORTED_DRAWS, _NO_ORDER_ARRAY, 0.0 if beta is None else float(beta), index.numpy(), value.numpy(),
-        weight.numpy(),
+        n >= _SORTED_DRAWS, _NO_ORDER_ARRAY, float(beta) if weighted else 0.0, out_index, out_value, out_weight,
     )
-    return index, value, (weight if beta is not None else None)
+    if weighted:
+        return torch.from_numpy(out_index), None, torch.from_numpy(out_weight)
+    return torch.from_numpy(out_index), torch.from_numpy(out_value), None
 
 
 _NO_ORDER_ARRAY = np.zeros(0, dtype=np.int64)
+#: The draw kernel's "no weights" output (it only reads the length), per leaf dtype.
+_NO_WEIGHTS = {dtype: np.zeros(0, dtype=array) for dtype, array in _NUMPY_LEAF_DTYPES.items()}
 
 
 def _check_uniforms(tree: SumTree, uniforms: Any) -> None:

@@ -324,6 +324,9 @@ class PrioritizedSampler(Sampler):
     def _flat_index(self, index: Any, storage: Any) -> torch.Tensor:
         """Any accepted index as a 1-D int64 tensor of flat tree indices on the tree's device."""
         device = self._tree.device
+        if isinstance(index, torch.Tensor) and index.dtype == torch.long and index.ndim == 1 and index.device == device:
+            # What a draw hands back (a sampled batch's "index"): already flat, nothing to convert.
+            return index
         if isinstance(index, tuple):
             index = torch.stack([torch.as_tensor(i, dtype=torch.long, device=device).reshape(-1) for i in index], -1)
         elif isinstance(index, slice):
@@ -355,16 +358,20 @@ class PrioritizedSampler(Sampler):
     def _priority_tensor(self, priority: Any, n: int) -> torch.Tensor:
         device = self._tree.device
         if isinstance(priority, torch.Tensor):
-            priority = priority.detach()
+            # Attribute reads first: detach(), to() and reshape() each make a tensor even when
+            # they change nothing.
+            if priority.requires_grad:
+                priority = priority.detach()
+            if priority.device != device:
+                priority = priority.to(device)
         else:
-            priority = torch.as_tensor(np.asarray(priority, dtype=np.float64))
-        priority = priority.to(device)
+            priority = torch.as_tensor(np.asarray(priority, dtype=np.float64), device=device)
         if priority.numel() > 1 and priority.numel() != n:
             raise PriorityError(
                 f"priority of shape {list(priority.shape)} does not match {n} indices: expected one priority per "
                 "index or a single one"
             )
-        return priority.reshape(-1)
+        return priority if priority.ndim == 1 else priority.reshape(-1)
 
     # ------------------------------------------------------------------ writes
     def add(self, index: int | torch.Tensor) -> None:
@@ -443,20 +450,20 @@ class PrioritizedSampler(Sampler):
         """:meth:`update_priority`; ``priority`` None gives the items the default priority."""
         storage = storage if storage is not None else self._storage
         self._bind(storage)
-        with torch.no_grad():
-            flat = self._flat_index(index, storage)
-            prio = None if priority is None else self._priority_tensor(priority, flat.numel())
-            if self._max_priority_within_buffer:
-                if prio is None:
-                    prio = torch.as_tensor(self.default_priority, dtype=torch.float64, device=self._tree.device).reshape(1)
-                sumtree_update(self._tree, flat, prio, alpha=self._alpha, eps=self._eps, limit=self._limit(storage),
-                               eager=True, backend=self._backend)
-                self._track_within_buffer(flat, prio)
-                return
-            sumtree_update(
-                self._tree, flat, prio, alpha=self._alpha, eps=self._eps, limit=self._limit(storage),
-                max_priority=self._max_value, eager=self.eager_checks, backend=self._backend,
-            )
+        # No autograd to switch off: indices are integers and _priority_tensor detaches.
+        flat = self._flat_index(index, storage)
+        prio = None if priority is None else self._priority_tensor(priority, flat.numel())
+        if self._max_priority_within_buffer:
+            if prio is None:
+                prio = torch.as_tensor(self.default_priority, dtype=torch.float64, device=self._tree.device).reshape(1)
+            sumtree_update(self._tree, flat, prio, alpha=self._alpha, eps=self._eps, limit=self._limit(storage),
+                           eager=True, backend=self._backend)
+            self._track_within_buffer(flat, prio)
+            return
+        sumtree_update(
+            self._tree, flat, prio, alpha=self._alpha, eps=self._eps, limit=self._limit(storage),
+            max_priority=self._max_value, eager=self.eager_checks, backend=self._backend,
+        )
 
     def _track_within_buffer(self, index: torch.Tensor, priority: torch.Tensor) -> None:
         """Updates the maximum and the item holding it after a successful update (host reads)."""
@@ -520,7 +527,7 @@ class PrioritizedSampler(Sampler):
         if len(storage) == 0:
             raise EmptyBufferError(_EMPTY)
         tree = self._tree
-        if not device_path(tree.leaves, self._backend) and not tree.total().item() > 0:
+        if not device_path(tree.leaves, self._backend) and not tree.host_total() > 0:
             # A read of host memory; a GPU tree records this on the device instead (check_errors).
             raise EmptyBufferError(_ALL_ZERO)
         index, weight = sumtree_sample_weighted(

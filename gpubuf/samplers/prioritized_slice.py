@@ -266,7 +266,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
             self._refresh_all(index, seq_length)
         tree = self._tree
         # On the device path an empty tree is the draw kernel's error (no host read here).
-        if not device_path(tree.leaves, self._backend) and not tree.total().item() > 0:
+        if not device_path(tree.leaves, self._backend) and not tree.host_total() > 0:
             raise self._no_trajectory(seq_length)
         flat, value = sumtree_sample(
             tree, self._draw_uniforms(num_slices, tree.device), stratified=self.stratified, backend=self._backend

@@ -179,10 +179,11 @@ def test_transform(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int64])
-@pytest.mark.parametrize("n", [16_384, 16_385, 40_000])
+@pytest.mark.parametrize("n", [1, 7, 256, 16_384, 16_385, 40_000])
 def test_transform_in_slices_equals_transform(dtype, n):
-    """The compiled update's transform runs in slices (one thread each): the same bits as one
-    call, across slice ends, and the caller's priorities untouched."""
+    """The compiled update's transform (NumPy widening and cast around torch's power, in slices
+    of one thread each): the same bits as one torch call, across slice ends and vector tails,
+    and the caller's priorities untouched."""
     gen = torch.Generator().manual_seed(n)
     if dtype.is_floating_point:
         p = (torch.rand(n, generator=gen, dtype=torch.float64) * 10.0 ** torch.randint(-6, 6, (n,), generator=gen)).to(dtype)
@@ -190,7 +191,7 @@ def test_transform_in_slices_equals_transform(dtype, n):
         p = torch.randint(0, 1000, (n,), generator=gen, dtype=dtype)
     kept = p.clone()
     for leaf in (torch.float32, torch.float64):
-        got = sumtree_module._transform_serial(p, 0.7, 1e-8, leaf)
+        got = torch.from_numpy(sumtree_module._transform_serial(p.numpy(), 0.7, 1e-8, leaf))
         assert torch.equal(got, transform_priority(p, 0.7, 1e-8, leaf))
     assert torch.equal(p, kept)
 
