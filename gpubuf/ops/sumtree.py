@@ -376,7 +376,12 @@ def _transform_serial(priority: np.ndarray, alpha: float, eps: float, dtype: tor
     else:
         for start in range(0, n, _SERIAL_ELEMENTS):
             powered[start : start + _SERIAL_ELEMENTS].pow_(alpha)
-    return shifted if dtype == torch.float64 else shifted.astype(_NUMPY_LEAF_DTYPES[dtype])
+    if dtype == torch.float64:
+        return shifted
+    # A value past the leaf dtype's range becomes inf, which the caller's checks refuse with a
+    # PriorityError: NumPy's overflow warning would only repeat that, before it.
+    with np.errstate(over="ignore"):
+        return shifted.astype(_NUMPY_LEAF_DTYPES[dtype])
 
 
 def _row_sums(rows: torch.Tensor) -> torch.Tensor:
