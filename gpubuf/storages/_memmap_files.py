@@ -234,6 +234,33 @@ def _syscall() -> Any:
     return call
 
 
+#: File systems whose pages live in memory only: the kernel never writes them back, so a page
+#: once written through a mapping stays writable there.
+_MEMORY_FILE_SYSTEMS = frozenset({"tmpfs", "ramfs", "hugetlbfs"})
+
+
+@functools.lru_cache(maxsize=64)
+def in_memory_fs(directory: str) -> bool:
+    """Whether ``directory`` lives on a memory-only file system (``/dev/shm`` and other tmpfs).
+
+    Read once per directory from ``/proc/self/mounts``: the mount point that is the longest
+    prefix of the directory's real path. False where that cannot be read.
+    """
+    try:
+        with open("/proc/self/mounts") as f:
+            mounts = [line.split()[1:3] for line in f]
+    except OSError:
+        return False
+    real = os.path.realpath(directory)
+    best, kind = "", ""
+    for point, fstype in mounts:
+        point = point.replace("\\040", " ")
+        inside = real == point or real.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fstype
+    return kind in _MEMORY_FILE_SYSTEMS
+
+
 _cachestat_works = True
 
 

@@ -678,9 +678,10 @@ class LazyMemmapStorage(LazyTensorStorage):
         """Copies ``count`` batch rows from ``skip`` on into dim-0 rows ``first, ...`` (wrapping
         once).
 
-        Rows written for the first time, and rows whose pages are still dirty from the last write
+        Rows written for the first time, rows whose pages are still dirty from the last write
         (:func:`~gpubuf.storages._memmap_files.mostly_dirty`, asked once per range of the first
-        field: every field's rows were written together), go through the mapping, a plain copy.
+        field: every field's rows were written together) and rows on a memory-only file system
+        (``/dev/shm``: never written back) go through the mapping, a plain copy.
         Other written rows are overwritten with ``pwrite`` where a leaf's rows are contiguous host
         memory (:func:`~gpubuf.storages._memmap_files.write_rows`): a copy through the mapping
         would fault on every page the kernel has written back. Measured on ext4: into fresh
@@ -693,10 +694,12 @@ class LazyMemmapStorage(LazyTensorStorage):
             return super()._copy_rows(first, skip, count, leaves)
         head = min(count, self._capacity_along_dim0 - first)
         filled = self._len_along_dim0
+        # On a memory-only file system nothing is ever written back: the mapping is always a plain copy.
+        in_memory = files.in_memory_fs(os.path.dirname(handles[0].path))
         parts = []
         for row, at, n in ((first, skip, head), (0, skip + head, count - head)):
             if n > 0:
-                overwrite = row + n <= filled and handles[0].fd >= 0
+                overwrite = row + n <= filled and handles[0].fd >= 0 and not in_memory
                 lead = handles[0].row_bytes
                 if overwrite and files.mostly_dirty(handles[0].fd, row * lead, n * lead):
                     overwrite = False

@@ -83,3 +83,25 @@ def test_dirty_pages_are_told_from_written_back_ones(tmp_path):
         assert not files.mostly_dirty(fd, 0, 64 << 10)
     finally:
         os.close(fd)
+
+
+def test_on_a_memory_only_file_system_overwrites_always_go_through_the_mapping(monkeypatch):
+    import shutil
+    import tempfile
+
+    if not (os.path.isdir("/dev/shm") and files.in_memory_fs("/dev/shm")):
+        pytest.skip("no tmpfs at /dev/shm here")
+    assert not files.in_memory_fs(os.path.dirname(os.path.abspath(__file__)))  # the checkout is on a disk
+    pwrites = []
+    real = files.write_rows
+    monkeypatch.setattr(files, "write_rows", lambda fd, offset, rows: pwrites.append(offset) or real(fd, offset, rows))
+    scratch = tempfile.mkdtemp(dir="/dev/shm")
+    try:
+        rb = gpubuf.TensorDictReplayBuffer(storage=gpubuf.LazyMemmapStorage(32, scratch_dir=scratch + "/rows"))
+        rb.extend(_batch(32, 0))
+        _written_back(rb.storage)  # tmpfs pages stay as they are (its cachestat never reports them dirty)
+        rb.extend(_batch(10, 300))
+        assert pwrites == []
+        assert torch.equal(rb.storage[torch.arange(32)]["id"], torch.cat([torch.arange(300, 310), torch.arange(10, 32)]))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
