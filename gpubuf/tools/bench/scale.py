@@ -216,6 +216,9 @@ def _run_library(
         rb = lib.memmap_buffer(n, str(files))
         record("memmap", "fill", _timed(lambda: _fill(rb, n, chunk)))
         record("memmap", wrap, _median(lambda: rb.extend(chunk), WRAP_REPEAT, warmup=0))
+        # The fill's dirty pages go to disk first: samples timed while the kernel writes back
+        # gigabytes measure the disk (they varied 0.3x to 3x between runs at 64M rows).
+        os.sync()
         record("memmap", f"sample {batch}", _median(lambda: rb.sample(batch), config.repeat))
         if "checkpoint" in config.workloads:
             other = scratch / f"{lib.name}-loaded"
