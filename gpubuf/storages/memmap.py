@@ -50,7 +50,7 @@ from gpubuf.storages._shared import (
     state_dir,
 )
 from gpubuf.storages.items import is_int, leading_size, stack_items
-from gpubuf.storages.tensor import LazyTensorStorage, _check_state
+from gpubuf.storages.tensor import LazyTensorStorage, _check_state, _unaliased
 
 __all__ = [
     "LazyMemmapStorage",
@@ -692,6 +692,9 @@ class LazyMemmapStorage(LazyTensorStorage):
         handles = self._files
         if handles is None or len(handles) != len(self._leaves):
             return super()._copy_rows(first, skip, count, leaves)
+        # A batch read from the storage itself is a view of its mapping: copied first, as the
+        # tensor storage does (a copy through the mapping refuses overlapping memory).
+        leaves = _unaliased(leaves, self._leaves)
         head = min(count, self._capacity_along_dim0 - first)
         filled = self._len_along_dim0
         # On a memory-only file system nothing is ever written back: the mapping is always a plain copy.

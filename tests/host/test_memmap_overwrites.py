@@ -105,3 +105,18 @@ def test_on_a_memory_only_file_system_overwrites_always_go_through_the_mapping(m
         assert torch.equal(rb.storage[torch.arange(32)]["id"], torch.cat([torch.arange(300, 310), torch.arange(10, 32)]))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+@pytest.mark.parametrize("dirty", [True, False], ids=["through the mapping", "with pwrite"])
+def test_a_batch_read_from_the_storage_itself_overwrites_rows_correctly_either_way(tmp_path, monkeypatch, dirty):
+    """``rb.extend(rb.storage[20:30])`` into rows that wrap over the view's own rows: the batch is
+    copied first, so every row gets the value it had before the write, whichever copy runs."""
+    monkeypatch.setattr(files, "mostly_dirty", lambda fd, offset, length: dirty)
+    rb = gpubuf.TensorDictReplayBuffer(storage=gpubuf.LazyMemmapStorage(32, scratch_dir=tmp_path / "rows"))
+    rb.extend(_batch(32, 0))
+    rb.extend(_batch(25, 100))  # the cursor is now at row 25
+    view = rb.storage._leaves[rb.storage._layout.index_of(("id",))][20:30]
+    before = view.clone()
+    rb.extend(TensorDict({"obs": rb.storage[torch.arange(20, 30)]["obs"], "id": view}, [10]))  # rows 25..31, 0..2
+    ids = rb.storage[torch.arange(32)]["id"]
+    assert torch.equal(ids[25:32], before[:7]) and torch.equal(ids[0:3], before[7:])
