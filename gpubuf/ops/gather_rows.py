@@ -125,7 +125,7 @@ def gather_rows_trusted(sources: Sequence[torch.Tensor], index: torch.Tensor, *,
     b = index.shape[0]
     # Contiguous rows: ``stride(0)`` elements each (cheaper than forming the shape).
     widths = [src.stride(0) * src.element_size() for src in sources]
-    if PREFETCH_MIN_ROWS <= b <= PREFETCH_MAX_ROWS and numba_enabled():
+    if _prefetch_pays(b) and numba_enabled():
         _prefetch_rows(sources, widths, index)
     return [
         torch.index_select(src, 0, index) if b * width < LARGE_OUTPUT_BYTES else _index_select_host(src, index)
@@ -146,9 +146,14 @@ PREFETCH_MIN_ROWS = 128
 PREFETCH_MAX_ROWS = 4096
 
 
+def _prefetch_pays(rows: int) -> bool:
+    """Whether a CPU gather of ``rows`` rows is in the range where a prefetch first pays."""
+    return PREFETCH_MIN_ROWS <= rows <= PREFETCH_MAX_ROWS
+
+
 def _prefetch_if_it_pays(sources: Sequence[torch.Tensor], index: torch.Tensor) -> None:
     """Prefetches the rows of a checked CPU gather when its size is in the range where that pays."""
-    if PREFETCH_MIN_ROWS <= index.shape[0] <= PREFETCH_MAX_ROWS and all(src.is_contiguous() for src in sources):
+    if _prefetch_pays(index.shape[0]) and all(src.is_contiguous() for src in sources):
         widths = [src.stride(0) * src.element_size() for src in sources]
         _prefetch_rows(sources, widths, index.to(torch.int64))
 
