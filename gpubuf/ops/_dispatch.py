@@ -49,8 +49,8 @@ KERNELS: dict[tuple[str, str], str] = {
     ("sumtree_sample", "cpu"): "cpu.sumtree:draw",
     ("slice_windows", "cuda"): "slice:slice_windows_triton",
     ("slice_windows", "cpu"): "cpu.slice:slice_windows",
-    ("slice_windows_at", "cuda"): "slice:slice_windows_at_triton",
-    ("slice_windows_at", "cpu"): "cpu.slice:slice_windows_at",
+    ("sumtree_windows", "cuda"): "slice:sumtree_windows_triton",
+    ("sumtree_windows", "cpu"): "cpu.slice:sumtree_windows",
     ("encode_rows", "cpu"): "cpu.encoder:encode_rows",
     ("match_frames", "cpu"): "cpu.framestack:match_roots",
 }

@@ -19,7 +19,7 @@ import torch
 
 from gpubuf.errors import TrajectoryLengthError
 from gpubuf.ops._dispatch import device_path
-from gpubuf.ops.slice_windows_at import slice_windows_at
+from gpubuf.ops.sumtree_windows import sumtree_windows
 from gpubuf.ops.sumtree import SumTree, importance_weights, sumtree_sample, sumtree_update
 from gpubuf.samplers._episodes import EpisodeIndex
 from gpubuf.samplers.prioritized import PrioritizedSampler
@@ -268,21 +268,21 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         # On the device path an empty tree is the draw kernel's error (no host read here).
         if not device_path(tree.leaves, self._backend) and not tree.host_total() > 0:
             raise self._no_trajectory(seq_length)
-        flat, value = sumtree_sample(
-            tree, self._draw_uniforms(num_slices, tree.device), stratified=self.stratified, backend=self._backend
-        )
+        uniforms = self._draw_uniforms(num_slices, tree.device)
         fixed = self.strict_length and not self.span[1]
         if fixed and index.columns == 1 and tree.device == index.device:
             flags = self._flag_columns(storage, index)
             if flags is not None:
-                # One launch (or compiled loop): the windows' rows, their steps' marks and weights.
-                rows, marks, weights = slice_windows_at(
-                    flat, value, tree.min(), self._held.min(), self._beta, index.capacity, seq_length, *flags[:2],
-                    backend=self._backend,
+                # One launch (or compiled call): the tree draw, the windows' rows, their steps'
+                # marks and weights.
+                rows, marks, weights = sumtree_windows(
+                    tree, uniforms, self._held.min(), self._beta, index.capacity, seq_length, *flags[:2],
+                    stratified=self.stratified, backend=self._backend,
                 )
                 out, info = self._finish_marked(rows, marks, init=False)
                 info["priority_weight"] = weights
                 return out, info
+        flat, value = sumtree_sample(tree, uniforms, stratified=self.stratified, backend=self._backend)
         p_min = torch.minimum(tree.min(), self._held.min())
         weight = importance_weights(value, p_min, self._beta).to(index.device)
         flat = flat.to(index.device)

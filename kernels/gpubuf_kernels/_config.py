@@ -39,9 +39,13 @@ SUMTREE = {
 
 
 # ---------------------------------------------------------------------------------------------
-# Slice windows (slice.py). A program draws (or, at drawn starts, takes) BLOCK slices and writes
-# their [BLOCK, next_pow2(L)] window rows; a batch of 32 slices of 32 steps is one program.
+# Slice windows (slice.py). A program draws BLOCK slices and writes their [BLOCK, next_pow2(L)]
+# window rows; a batch of 32 slices of 32 steps is one program. The prioritized draw also descends
+# the sum tree ([BLOCK, 32] tiles) and writes a float64-computed weight per step, so it takes at
+# most TREE_TILE steps a program: BLOCK = 32 spilled 16 B at L = 64 on sm_90 (fp64 leaves,
+# stratified), BLOCK = TREE_TILE // next_pow2(L) does not.
 SLICE_WINDOWS = {
     "BLOCK": 32,
+    "TREE_TILE": 1024,
     "num_warps": 4,
 }

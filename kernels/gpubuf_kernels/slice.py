@@ -1,5 +1,6 @@
 """Triton kernels of the slice windows: the uniform draw (``gpubuf.ops.slice_windows``) and the
-windows at drawn starts (``gpubuf.ops.slice_windows_at``), each one launch."""
+prioritized draw (``gpubuf.ops.sumtree_windows``: the sum-tree descent and the windows at the
+drawn starts), each one launch."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import itertools
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from gpubuf_kernels._config import SLICE_WINDOWS
-from gpubuf_kernels._launch import check_launch_device, interpreter_enabled, launch
+from gpubuf_kernels._launch import check_launch_device, device_guard, interpreter_enabled, launch
+from gpubuf_kernels.sumtree import _draw_leaves, _importance_weight
 
-__all__ = ["slice_windows_triton", "slice_windows_at_triton", "SPECIALIZATIONS"]
+__all__ = ["slice_windows_triton", "sumtree_windows_triton", "SPECIALIZATIONS"]
 
 
 @triton.jit
@@ -122,20 +123,26 @@ def slice_windows_triton(
 
 
 @triton.jit
-def _slice_windows_at_kernel(
-    starts_ptr,  # int64 [S]: each window's first physical row
-    values_ptr,  # float32 or float64 [S]: the starts' leaf values
-    min_a_ptr,  # float64 [1]: one tree's minimum
-    min_b_ptr,  # float64 [1]: the other's
+def _sumtree_windows_kernel(
+    leaves_ptr,  # float32 or float64 [n_leaves_padded]: the tree's leaves
+    sums_ptr,  # float64 [n_internal]
+    mins_ptr,  # float64 [n_internal]: the root's entry is the tree's minimum
+    offsets_ptr,  # int64 [depth + 1]: level offsets in sums
+    uniform_ptr,  # float64 [S]: draws in [0, 1)
+    flags_ptr,  # int32 [2]: the tree's error bits (8: drawn from an empty tree)
+    held_min_ptr,  # float64 [1]: the held-aside steps' minimum
     done_ptr,  # bool [>= T]: stored done flag per row (read when HAS_DONE)
     terminated_ptr,  # bool [>= T] (read when HAS_TERMINATED)
     rows_ptr,  # int64 [S * L]: out, the windows' rows
     marks_ptr,  # bool [3, S * L]: out, truncated / done / terminated per step
-    weights_ptr,  # values' dtype [S * L]: out, each step's slice weight
+    weights_ptr,  # leaf dtype [S * L]: out, each step's slice weight
     num_slices,
     capacity,
     seq_length,
     beta,
+    DEPTH: tl.constexpr,
+    FANOUT: tl.constexpr,
+    STRATIFIED: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCK_L: tl.constexpr,
     HAS_DONE: tl.constexpr,
@@ -145,15 +152,13 @@ def _slice_windows_at_kernel(
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     mask = offs < num_slices
-    first = tl.load(starts_ptr + offs, mask=mask, other=0)
+    # Each slice's first row is a leaf drawn from the tree (one leaf per physical row).
+    first = _draw_leaves(leaves_ptr, sums_ptr, offsets_ptr, uniform_ptr, flags_ptr, offs, mask, num_slices,
+                         DEPTH, FANOUT, STRATIFIED, BLOCK)
+    value = tl.load(leaves_ptr + first, mask=mask, other=1.0)
     # The weights: TorchRL's (value / p_min) ** (-beta), p_min over both trees.
-    p_min = tl.minimum(tl.load(min_a_ptr), tl.load(min_b_ptr))
-    ratio = tl.load(values_ptr + offs, mask=mask, other=1.0).to(tl.float64) / p_min
-    if LIBDEVICE:
-        weight = libdevice.pow(ratio, -beta)
-    else:
-        positive = ratio > 0.0
-        weight = tl.where(positive, tl.exp(tl.log(tl.where(positive, ratio, 1.0)) * -beta), float("inf"))
+    p_min = tl.minimum(tl.load(mins_ptr), tl.load(held_min_ptr))
+    weight = _importance_weight(value, p_min, beta, LIBDEVICE)
     j = tl.arange(0, BLOCK_L).to(tl.int64)
     rows = (first[:, None] + j[None, :]) % capacity
     where = offs[:, None] * seq_length + j[None, :]
@@ -174,52 +179,68 @@ def _slice_windows_at_kernel(
     tl.store(marks_ptr + 2 * total + where, terminated, mask=inside)
 
 
-def slice_windows_at_triton(
-    starts: torch.Tensor,
-    values: torch.Tensor,
-    min_a: torch.Tensor,
-    min_b: torch.Tensor,
+def sumtree_windows_triton(
+    tree,
+    uniforms: torch.Tensor,
+    held_min: torch.Tensor,
     beta: float,
     capacity: int,
     seq_length: int,
     done: torch.Tensor | None = None,
     terminated: torch.Tensor | None = None,
     *,
+    stratified: bool = False,
     block: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One launch: ``int64 [S * L]`` rows, ``bool [3, S * L]`` marks and ``[S * L]`` weights of
-    ``S = starts.numel()`` windows.
+    """One launch: draws ``S = uniforms.numel()`` starts from ``tree`` and lists their windows:
+    ``int64 [S * L]`` rows, ``bool [3, S * L]`` marks and ``[S * L]`` weights (leaf dtype).
+
+    A tree whose total is not positive sets the ``empty`` bit of ``tree.flags`` (no host read).
 
     Raises:
-        ValueError: inputs not on one CUDA device (or CPU under the interpreter), or not contiguous.
+        ValueError: inputs not on the tree's CUDA device (or CPU under the interpreter), or not
+            contiguous.
     """
-    check_launch_device(starts.device, "slice_windows_at_triton")
+    device = tree.leaves.device
+    check_launch_device(device, "sumtree_windows_triton")
     flags = (done, terminated)
-    for name, tensor in (("starts", starts), ("values", values),
+    for name, tensor in (("uniforms", uniforms), ("held_min", held_min),
                          *((n, f) for n, f in zip(("done", "terminated"), flags) if f is not None)):
+        if tensor.device != device:
+            raise ValueError(f"{name} is on {tensor.device}, the tree on {device}")
         if not tensor.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
-    num_slices = starts.numel()
+    num_slices = uniforms.numel()
     n = num_slices * seq_length
-    rows = torch.empty(n, dtype=torch.int64, device=starts.device)
-    marks = torch.empty(3, n, dtype=torch.bool, device=starts.device)
-    weights = torch.empty(n, dtype=values.dtype, device=starts.device)
+    rows = torch.empty(n, dtype=torch.int64, device=device)
+    marks = torch.empty(3, n, dtype=torch.bool, device=device)
+    weights = torch.empty(n, dtype=tree.leaves.dtype, device=device)
     if num_slices == 0:
         return rows, marks, weights
-    block = block or SLICE_WINDOWS["BLOCK"]
-    grid = (triton.cdiv(num_slices, block),)
-    launch(
-        _slice_windows_at_kernel, grid, starts, values, min_a, min_b,
-        *(marks if f is None else f for f in flags), rows, marks, weights, num_slices, capacity, seq_length, beta,
-        BLOCK=block, BLOCK_L=triton.next_power_of_2(seq_length), HAS_DONE=done is not None,
-        HAS_TERMINATED=terminated is not None, LIBDEVICE=not interpreter_enabled(), num_warps=SLICE_WINDOWS["num_warps"],
-    )
+    block_l = triton.next_power_of_2(seq_length)
+    block = block or _tree_block(block_l)
+    with device_guard(device):
+        launch(
+            _sumtree_windows_kernel, (triton.cdiv(num_slices, block),),
+            tree.leaves, tree.sums, tree.mins, tree.offsets_tensor(), uniforms, tree.flags, held_min,
+            *(marks if f is None else f for f in flags), rows, marks, weights, num_slices, capacity, seq_length,
+            float(beta), DEPTH=tree.depth, FANOUT=tree.fanout, STRATIFIED=stratified, BLOCK=block,
+            BLOCK_L=block_l, HAS_DONE=done is not None,
+            HAS_TERMINATED=terminated is not None, LIBDEVICE=not interpreter_enabled(),
+            num_warps=SLICE_WINDOWS["num_warps"],
+        )
     return rows, marks, weights
 
 
-#: What the launcher compiles, for the ahead-of-time check (``gpubuf.tools.aot``): slices of up to
-#: 64 steps (``BLOCK_L`` is the next power of two of the slice length), with and without each
-#: stored flag column.
+def _tree_block(block_l: int) -> int:
+    """Slices a program of the prioritized draw takes: at most ``TREE_TILE`` steps (see ``_config``)."""
+    return max(1, min(SLICE_WINDOWS["BLOCK"], SLICE_WINDOWS["TREE_TILE"] // block_l))
+
+
+#: What the launchers compile, for the ahead-of-time check (``gpubuf.tools.aot``): slices of up to
+#: 64 steps (``BLOCK_L`` is the next power of two of the slice length); the uniform draw with and
+#: without each stored flag column, the prioritized draw (fp32 and fp64 leaves, trees of depth 4
+#: and 5, i.i.d. and stratified) with both flag columns or neither.
 SPECIALIZATIONS = [
     {
         "kernel": "_slice_windows_kernel",
@@ -236,17 +257,20 @@ SPECIALIZATIONS = [
     for has_done, has_term, has_init in itertools.product((False, True), repeat=3)
 ] + [
     {
-        "kernel": "_slice_windows_at_kernel",
-        "label": f"BLOCK_L={block_l},HAS_DONE={int(has_done)},HAS_TERMINATED={int(has_term)},{dtype}",
-        "signature": {"starts_ptr": "*i64", "values_ptr": f"*{dtype}", "min_a_ptr": "*fp64", "min_b_ptr": "*fp64",
-                      "done_ptr": "*i1", "terminated_ptr": "*i1", "rows_ptr": "*i64", "marks_ptr": "*i1",
-                      "weights_ptr": f"*{dtype}", "num_slices": "i32", "capacity": "i64", "seq_length": "i32",
-                      "beta": "fp64"},
-        "constexprs": {"BLOCK": SLICE_WINDOWS["BLOCK"], "BLOCK_L": block_l, "HAS_DONE": has_done,
-                       "HAS_TERMINATED": has_term, "LIBDEVICE": True},
+        "kernel": "_sumtree_windows_kernel",
+        "label": f"{leaves},depth={depth},stratified={int(stratified)},BLOCK_L={block_l},HAS_DONE={int(has_done)},"
+                 f"HAS_TERMINATED={int(has_term)}",
+        "signature": {"leaves_ptr": f"*{leaves}", "sums_ptr": "*fp64", "mins_ptr": "*fp64", "offsets_ptr": "*i64",
+                      "uniform_ptr": "*fp64", "flags_ptr": "*i32", "held_min_ptr": "*fp64", "done_ptr": "*i1",
+                      "terminated_ptr": "*i1", "rows_ptr": "*i64", "marks_ptr": "*i1", "weights_ptr": f"*{leaves}",
+                      "num_slices": "i32", "capacity": "i64", "seq_length": "i32", "beta": "fp64"},
+        "constexprs": {"DEPTH": depth, "FANOUT": 32, "STRATIFIED": stratified, "BLOCK": _tree_block(block_l),
+                       "BLOCK_L": block_l, "HAS_DONE": has_done, "HAS_TERMINATED": has_term, "LIBDEVICE": True},
         "num_warps": SLICE_WINDOWS["num_warps"],
     }
+    for leaves in ("fp32", "fp64")
+    for depth in (4, 5)
+    for stratified in (False, True)
     for block_l in (32, 64)
-    for has_done, has_term in itertools.product((False, True), repeat=2)
-    for dtype in ("fp32", "fp64")
+    for has_done, has_term in ((False, False), (True, True))
 ]

@@ -262,31 +262,16 @@ def _sumtree_refresh_kernel(
 
 
 @triton.jit
-def _sumtree_sample_kernel(
-    leaves_ptr,  # float32 or float64 [n_leaves_padded]
-    sums_ptr,  # float64 [n_internal]
-    mins_ptr,  # float64 [n_internal]
-    offsets_ptr,  # int64 [depth + 1]: level offsets in sums
-    uniform_ptr,  # float64 [n]: draws in [0, 1)
-    index_out_ptr,  # int64 [n]
-    value_out_ptr,  # leaf dtype [n]
-    weight_out_ptr,  # leaf dtype [n] (unused without HAS_WEIGHTS)
-    flags_ptr,  # int32 [2]
-    n,
-    beta,
-    DEPTH: tl.constexpr,
-    FANOUT: tl.constexpr,
-    STRATIFIED: tl.constexpr,
-    HAS_WEIGHTS: tl.constexpr,
-    LIBDEVICE: tl.constexpr,
-    BLOCK: tl.constexpr,
+def _draw_leaves(
+    leaves_ptr, sums_ptr, offsets_ptr, uniform_ptr, flags_ptr, offs, inb, n,
+    DEPTH: tl.constexpr, FANOUT: tl.constexpr, STRATIFIED: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    pid = tl.program_id(0).to(tl.int64)
-    offs = pid * BLOCK + tl.arange(0, BLOCK)
-    inb = offs < n
+    """The leaves the draws ``offs`` (masked by ``inb``) of ``n`` descend to, as int64 ``[BLOCK]``;
+    the first program sets the ``empty`` bit (8) of ``flags`` when the total is not positive.
+    Shared by the plain draw and the prioritized slice windows (``gpubuf_kernels.slice``)."""
     u = tl.load(uniform_ptr + offs, mask=inb, other=0.0)
     total = tl.load(sums_ptr)
-    if pid == 0:
+    if tl.program_id(0) == 0:
         if not (total > 0.0):
             tl.atomic_or(flags_ptr, 8)
     if STRATIFIED:
@@ -316,17 +301,52 @@ def _sumtree_sample_kernel(
         prev = tl.max(tl.where(cols[None, :] < pick[:, None], csum, 0.0), axis=1)
         mass = mass - prev
         node = node * FANOUT + pick
+    return node
+
+
+@triton.jit
+def _importance_weight(value, p_min, beta, LIBDEVICE: tl.constexpr):
+    """TorchRL's ``(value / p_min) ** (-beta)`` in float64: CUDA's ``pow`` compiled, ``exp(-beta *
+    log(ratio))`` under the interpreter (which has no libdevice)."""
+    ratio = value.to(tl.float64) / p_min
+    if LIBDEVICE:
+        weight = libdevice.pow(ratio, -beta)
+    else:
+        positive = ratio > 0.0
+        weight = tl.where(positive, tl.exp(tl.log(tl.where(positive, ratio, 1.0)) * -beta), float("inf"))
+    return weight
+
+
+@triton.jit
+def _sumtree_sample_kernel(
+    leaves_ptr,  # float32 or float64 [n_leaves_padded]
+    sums_ptr,  # float64 [n_internal]
+    mins_ptr,  # float64 [n_internal]
+    offsets_ptr,  # int64 [depth + 1]: level offsets in sums
+    uniform_ptr,  # float64 [n]: draws in [0, 1)
+    index_out_ptr,  # int64 [n]
+    value_out_ptr,  # leaf dtype [n]
+    weight_out_ptr,  # leaf dtype [n] (unused without HAS_WEIGHTS)
+    flags_ptr,  # int32 [2]
+    n,
+    beta,
+    DEPTH: tl.constexpr,
+    FANOUT: tl.constexpr,
+    STRATIFIED: tl.constexpr,
+    HAS_WEIGHTS: tl.constexpr,
+    LIBDEVICE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    inb = offs < n
+    node = _draw_leaves(leaves_ptr, sums_ptr, offsets_ptr, uniform_ptr, flags_ptr, offs, inb, n,
+                        DEPTH, FANOUT, STRATIFIED, BLOCK)
     value = tl.load(leaves_ptr + node, mask=inb, other=0.0)
     tl.store(index_out_ptr + offs, node, mask=inb)
     tl.store(value_out_ptr + offs, value, mask=inb)
     if HAS_WEIGHTS:
-        p_min = tl.load(mins_ptr)
-        ratio = value.to(tl.float64) / p_min
-        if LIBDEVICE:
-            weight = libdevice.pow(ratio, -beta)
-        else:
-            positive = ratio > 0.0
-            weight = tl.where(positive, tl.exp(tl.log(tl.where(positive, ratio, 1.0)) * -beta), float("inf"))
+        weight = _importance_weight(value, tl.load(mins_ptr), beta, LIBDEVICE)
         tl.store(weight_out_ptr + offs, weight.to(weight_out_ptr.dtype.element_ty), mask=inb)
 
 

@@ -58,7 +58,7 @@ def test_a_slice_sample_is_the_window_draw_and_the_gather(source, flags):
 
 
 @pytest.mark.parametrize("flags", [False, True])
-def test_a_prioritized_slice_sample_is_the_tree_draw_the_windows_and_the_gather(flags):
+def test_a_prioritized_slice_sample_is_the_windows_draw_and_the_gather(flags):
     def make(backend):
         return _buffer(PrioritizedSliceSampler(300, alpha=0.7, beta=0.5, num_slices=8, traj_key="episode"), backend,
                        flags)
@@ -67,11 +67,12 @@ def test_a_prioritized_slice_sample_is_the_tree_draw_the_windows_and_the_gather(
     rb.sample()
     with count_device_work("cpu") as work:
         batch = rb.sample()
-    # The uniforms, the sum-tree draw, one launch listing the windows' rows with their marks and
-    # weights (the minimum over every step, held-aside ones included, read on the device), the gather.
-    assert_work(work, launches=4, host_syncs=0,
-                kernels={"aten:rand.generator": 1, "triton:_sumtree_sample_kernel": 1,
-                         "triton:_slice_windows_at_kernel": 1, "triton:_gather_rows_kernel": 1})
+    # The uniforms, one launch drawing the starts from the sum tree and listing the windows' rows
+    # with their marks and weights (the minimum over every step, held-aside ones included, read on
+    # the device), the gather.
+    assert_work(work, launches=3, host_syncs=0,
+                kernels={"aten:rand.generator": 1, "triton:_sumtree_windows_kernel": 1,
+                         "triton:_gather_rows_kernel": 1})
     host = make("auto")
     host.sample()
     want = host.sample()

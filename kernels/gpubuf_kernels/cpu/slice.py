@@ -1,9 +1,11 @@
-"""The slice-window draw as one compiled CPU loop (see ``gpubuf.ops.slice_windows``)."""
+"""The slice-window draws as compiled CPU loops (see ``gpubuf.ops.slice_windows`` and ``gpubuf.ops.sumtree_windows``)."""
 
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
+
+from gpubuf_kernels.cpu.sumtree import descend
 
 
 @njit(cache=True, nogil=True)
@@ -63,14 +65,21 @@ def slice_windows(slots, start, stop, front, back, uniforms, lower, capacity, se
 
 
 @njit(cache=True, nogil=True)
-def slice_windows_at(starts, values, p_min, beta, capacity, seq_length, done, terminated, has_done, has_terminated,
-                     rows, marks, weights):  # pragma: no cover - compiled
-    """Fills ``rows``, ``marks`` (truncated, done, terminated) and ``weights`` of the windows of
-    ``seq_length`` steps starting at ``starts``; the twin's results (``gpubuf.ops.slice_windows_at``),
-    the weights ``(values[s] / p_min) ** (-beta)`` in float64 rounded to ``weights``' dtype."""
-    for s in range(starts.shape[0]):
+def sumtree_windows(leaves, sums, mins, offsets, sizes, shift, uniforms, stratified, held_min, beta, capacity,
+                    seq_length, done, terminated, has_done, has_terminated, rows, marks, weights):  # pragma: no cover
+    """Draws ``S = uniforms.shape[0]`` starts from the tree (``leaves`` to ``shift`` as
+    :func:`gpubuf_kernels.cpu.sumtree.draw` takes them) and fills ``rows``, ``marks`` (truncated,
+    done, terminated) and ``weights`` of their windows of ``seq_length`` steps: the twin's results
+    (``gpubuf.ops.sumtree_windows``), the weights ``(value / p_min) ** (-beta)`` in float64, with
+    ``p_min`` the smaller of the root's minimum and ``held_min``, rounded to ``weights``' dtype."""
+    s_total = uniforms.shape[0]
+    starts = np.empty(s_total, np.int64)
+    values = np.empty(s_total, leaves.dtype)
+    descend(leaves, sums, offsets, sizes, shift, uniforms, stratified, _DRAW_ORDER, starts, values)
+    p_min = min(mins[0], held_min)
+    for s in range(s_total):
         first = starts[s]
-        weight = (values[s] / p_min) ** (-beta)
+        weight = (np.float64(values[s]) / p_min) ** (-beta)
         base = s * seq_length
         for j in range(seq_length):
             i = base + j
@@ -81,3 +90,7 @@ def slice_windows_at(starts, values, p_min, beta, capacity, seq_length, done, te
             marks[1, i] = last or (has_done and done[row])
             marks[2, i] = has_terminated and terminated[row]
             weights[i] = weight
+
+
+#: ``descend``'s "draw order" (an empty permutation).
+_DRAW_ORDER = np.zeros(0, np.int64)
