@@ -49,6 +49,8 @@ class _Eligible:
         self.slots = torch.zeros(columns, capacity + 1, dtype=torch.int64, device=device)
         self.front = torch.zeros(columns, dtype=torch.int64, device=device)
         self.back = torch.zeros(columns, dtype=torch.int64, device=device)
+        #: Column 0's draw tables (see :meth:`EpisodeIndex.windows`), with what they were taken from.
+        self.tables: tuple | None = None
 
     def counts(self) -> torch.Tensor:
         return self.back - self.front
@@ -149,10 +151,20 @@ class EpisodeIndex:
         trajectories drawn among those at least ``pool`` long (one column only), with the stored
         ``(done, terminated, init)`` flag columns ``flags``: see :func:`slice_windows`."""
         elig = self.eligible(pool)
-        return slice_windows_trusted(
-            elig.slots[0], self.start[0], self.stop[0], elig.front, elig.back, uniforms, self.lower, self.capacity,
-            length, flags, backend,
-        )
+        return slice_windows_trusted(*self._column_tables(elig), uniforms, self.lower, self.capacity, length, flags,
+                                     backend)
+
+    def _column_tables(self, elig: _Eligible) -> tuple:
+        """``(slots, start, stop, front, back)`` of column 0 as 1-D tensors: the same objects
+        from one draw to the next until a write or a reset replaces one of the tables, so that
+        the compiled loop's NumPy views of them are kept too (see
+        :func:`~gpubuf.ops.slice_windows._host_arrays`)."""
+        kept = elig.tables
+        if kept is None or not (kept[0] is self.start and kept[1] is self.stop and kept[2] is elig.front
+                                and kept[3] is elig.back):
+            views = (elig.slots[0], self.start[0], self.stop[0], elig.front, elig.back)
+            kept = elig.tables = (self.start, self.stop, elig.front, elig.back, views)
+        return kept[4]
 
     def pick(self, elig: _Eligible, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The ``k``-th eligible trajectories (column by column, oldest first within a column)."""

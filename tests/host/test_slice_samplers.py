@@ -689,3 +689,24 @@ def test_a_repeated_draw_follows_writes_batch_sizes_settings_and_copies():
     rb.empty()
     rb.extend(_transitions(_episodes([5], first_id=40)))
     assert rb.sample(8)["episode"].unique().tolist() == [40]
+
+
+def test_buffers_sampled_in_turn_each_draw_from_their_own_boundaries():
+    """Two samplers drawing in turn (the compiled draw keeps the host views of the last tables it
+    was given) each list windows of their own trajectories, before and after a write to one."""
+    first, second = _buffer(gpubuf.SliceSampler(slice_len=4, traj_key="episode"), 30), _buffer(
+        gpubuf.SliceSampler(slice_len=4, traj_key="episode"), 50, seed=1
+    )
+    first.extend(_transitions(_episodes([5, 8, 6], first_id=0)))
+    second.extend(_transitions(_episodes([9, 12, 4, 20], first_id=100)))
+    for turn in range(6):
+        if turn == 3:
+            first.extend(_transitions(_episodes([11], first_id=50), offset=19))
+        for rb, ids in ((first, {0, 1, 2} | ({50} if turn >= 3 else set())), (second, {100, 101, 102, 103})):
+            batch = rb.sample(16)
+            for one in _slices(batch, 4):
+                assert one["episode"].unique().numel() == 1
+                assert int(one["episode"][0]) in ids
+                rows = one["index"].reshape(-1)
+                assert torch.equal((rows - rows[0]) % rb.storage.max_size, torch.arange(4))
+    assert 50 in first.sample(400)["episode"].unique().tolist()
