@@ -1,4 +1,4 @@
-"""Trajectory slices, gpubuf's ``SliceSampler`` side by side with TorchRL's, in one run.
+"""Trajectory slices, gpubuf's ``SliceSampler`` and ``PrioritizedSliceSampler`` side by side with TorchRL's, in one run.
 
 Each provider is a ``TensorDictReplayBuffer`` over a ``LazyTensorStorage`` of ``N`` rows
 holding the same transitions (``obs`` of 4 float32, ``episode`` ids, ``("next", "done")``
@@ -12,12 +12,18 @@ and from ``end_key``:
   whole id or done column at every sample);
 - ``torchrl-cache``: with ``cache_values=True`` (the scan is kept until the next write).
 
+The prioritized rows (``prioritized_slice_sample``) run each library's ``PrioritizedSliceSampler``
+(``alpha=0.7``, ``beta=0.5``, every step at priority 1 but one in 64 at 4) the same way.
+
 Reported per N: the median (and p20/p80) of the sample time of each provider (providers
 interleaved so that they share the machine's noise), TorchRL's time over gpubuf's, and
 gpubuf's time at the largest N over the smallest (flat in N when close to 1)::
 
-    python benchmarks/bench_slice.py [--sizes 1000000 10000000] [--repeats 30] [--threads 1]
-        [--device cpu|cuda] [--json benchmarks/results/cpu-2core/slice-<date>.json]
+    python benchmarks/bench_slice.py [--sizes 1000000 10000000] [--repeats 30] [--threads N]
+        [--samplers slice prioritized] [--device cpu|cuda] [--json benchmarks/results/cpu-2core/slice-<date>.json]
+
+``--threads`` sets torch's thread count for both libraries; without it each runs with torch's
+default (the machine's cores).
 """
 
 from __future__ import annotations
@@ -51,7 +57,7 @@ def transitions(n: int, seed: int = 0) -> TensorDict:
     )
 
 
-def make(provider: str, key: str, n: int, device: str):
+def make(provider: str, key: str, n: int, device: str, kind: str = "slice"):
     if provider == "gpubuf":
         import gpubuf as lib
 
@@ -61,10 +67,21 @@ def make(provider: str, key: str, n: int, device: str):
 
         kwargs = {"cache_values": provider == "torchrl-cache"}
     boundary = {"traj_key": "episode"} if key == "traj_key" else {"end_key": ("next", "done")}
-    sampler = lib.SliceSampler(num_slices=NUM_SLICES, **boundary, **kwargs)
+    if kind == "prioritized":
+        sampler = lib.PrioritizedSliceSampler(n, alpha=0.7, beta=0.5, num_slices=NUM_SLICES, **boundary, **kwargs)
+    else:
+        sampler = lib.SliceSampler(num_slices=NUM_SLICES, **boundary, **kwargs)
     return lib.TensorDictReplayBuffer(
         storage=lib.LazyTensorStorage(n, device=device), sampler=sampler, batch_size=NUM_SLICES * SLICE_LEN
     )
+
+
+def fill(rb, data: TensorDict, kind: str) -> None:
+    """Writes ``data``; a prioritized buffer then gets one step in 64 at priority 4."""
+    rb.extend(data)
+    if kind == "prioritized":
+        index = torch.arange(0, data.shape[0], 64)
+        rb.update_priority(index, torch.full((index.shape[0],), 4.0))
 
 
 def sync(device: str) -> None:
@@ -89,71 +106,76 @@ def quantiles(values: list[float]) -> dict:
     return {"p50_s": statistics.median(ordered), "p20_s": at(0.2), "p80_s": at(0.8), "n": len(ordered)}
 
 
-def run(sizes: list[int], repeats: int, device: str) -> dict:
+def run(sizes: list[int], repeats: int, device: str, kinds: list[str]) -> dict:
     providers = ["gpubuf", "torchrl", "torchrl-cache"]
     results: dict = {"rows": [], "ratios": [], "flat": []}
     # Compiled CPU helpers (the gather's prefetch) compile on first use: not part of any timing.
-    for key in ("traj_key", "end_key"):
-        warm = make("gpubuf", key, 4096, device)
-        warm.extend(transitions(4096).to(device))
-        warm.sample()
+    for kind in kinds:
+        for key in ("traj_key", "end_key"):
+            warm = make("gpubuf", key, 4096, device, kind)
+            fill(warm, transitions(4096).to(device), kind)
+            warm.sample()
     gpubuf_p50: dict = {}
     for n in sizes:
         data = transitions(n).to(device)
-        for key in ("traj_key", "end_key"):
-            buffers = {}
-            for provider in providers:
-                rb = make(provider, key, n, device)
-                rb.extend(data)
-                buffers[provider] = rb
-            build = timed(lambda: buffers["gpubuf"].sample(), device)  # reads the N rows written
-            for provider in providers[1:]:
-                buffers[provider].sample()  # warm-up (TorchRL's cache fills here)
-            times: dict = {p: [] for p in providers}
-            # TorchRL's uncached sampler rescans N rows per call: fewer repeats at large N.
-            slow_repeats = max(3, min(repeats, int(repeats * 1_000_000 / n)))
-            for r in range(repeats):
+        for kind in kinds:
+            op = "slice_sample" if kind == "slice" else "prioritized_slice_sample"
+            for key in ("traj_key", "end_key"):
+                buffers = {}
                 for provider in providers:
-                    if provider == "torchrl" and r >= slow_repeats:
-                        continue
-                    times[provider].append(timed(buffers[provider].sample, device))
-            row_stats = {p: quantiles(t) for p, t in times.items()}
-            for provider in providers:
+                    rb = make(provider, key, n, device, kind)
+                    fill(rb, data, kind)
+                    buffers[provider] = rb
+                build = timed(lambda: buffers["gpubuf"].sample(), device)  # reads the N rows written
+                for provider in providers[1:]:
+                    buffers[provider].sample()  # warm-up (TorchRL's cache fills here)
+                times: dict = {p: [] for p in providers}
+                # TorchRL's uncached sampler rescans N rows per call: fewer repeats at large N.
+                slow_repeats = max(3, min(repeats, int(repeats * 1_000_000 / n)))
+                for r in range(repeats):
+                    for provider in providers:
+                        if provider == "torchrl" and r >= slow_repeats:
+                            continue
+                        times[provider].append(timed(buffers[provider].sample, device))
+                row_stats = {p: quantiles(t) for p, t in times.items()}
+                for provider in providers:
+                    results["rows"].append(
+                        {
+                            "op": f"{op}[{key}]",
+                            "provider": provider,
+                            "rows": n,
+                            "num_slices": NUM_SLICES,
+                            "slice_len": SLICE_LEN,
+                            **row_stats[provider],
+                            "items_per_s": NUM_SLICES * SLICE_LEN / row_stats[provider]["p50_s"],
+                        }
+                    )
                 results["rows"].append(
-                    {
-                        "op": f"slice_sample[{key}]",
-                        "provider": provider,
-                        "rows": n,
-                        "num_slices": NUM_SLICES,
-                        "slice_len": SLICE_LEN,
-                        **row_stats[provider],
-                        "items_per_s": NUM_SLICES * SLICE_LEN / row_stats[provider]["p50_s"],
-                    }
+                    {"op": f"index_build[{op}][{key}]", "provider": "gpubuf", "rows": n, "first_sample_s": build,
+                     "ns_per_row": build / n * 1e9}
                 )
-            results["rows"].append(
-                {"op": f"index_build[{key}]", "provider": "gpubuf", "rows": n, "first_sample_s": build, "ns_per_row": build / n * 1e9}
-            )
-            ours = row_stats["gpubuf"]["p50_s"]
-            gpubuf_p50[(key, n)] = ours
-            for provider in providers[1:]:
-                ratio = row_stats[provider]["p50_s"] / ours
-                results["ratios"].append({"key": key, "rows": n, "versus": provider, "speedup": ratio})
-                print(
-                    f"N={n:>10,} {key:9s} gpubuf {ours * 1e6:9.1f} us   {provider:14s} "
-                    f"{row_stats[provider]['p50_s'] * 1e6:11.1f} us   x{ratio:8.1f}",
-                    flush=True,
-                )
-            print(f"N={n:>10,} {key:9s} gpubuf index build (first sample after the fill): {build * 1e3:.1f} ms", flush=True)
-            del buffers
-            gc.collect()
+                ours = row_stats["gpubuf"]["p50_s"]
+                gpubuf_p50[(op, key, n)] = ours
+                for provider in providers[1:]:
+                    ratio = row_stats[provider]["p50_s"] / ours
+                    results["ratios"].append({"op": op, "key": key, "rows": n, "versus": provider, "speedup": ratio})
+                    print(
+                        f"{op:24s} N={n:>10,} {key:9s} gpubuf {ours * 1e6:9.1f} us   {provider:14s} "
+                        f"{row_stats[provider]['p50_s'] * 1e6:11.1f} us   x{ratio:8.1f}",
+                        flush=True,
+                    )
+                print(f"{op:24s} N={n:>10,} {key:9s} gpubuf index build (first sample after the fill): "
+                      f"{build * 1e3:.1f} ms", flush=True)
+                del buffers
+                gc.collect()
         del data
         gc.collect()
     if len(sizes) > 1:
         small, large = min(sizes), max(sizes)
-        for key in ("traj_key", "end_key"):
-            growth = gpubuf_p50[(key, large)] / gpubuf_p50[(key, small)]
-            results["flat"].append({"key": key, "rows_small": small, "rows_large": large, "time_ratio": growth})
-            print(f"gpubuf {key}: N={large:,} takes x{growth:.2f} the time of N={small:,}", flush=True)
+        for op, key in sorted({(op, key) for op, key, _ in gpubuf_p50}):
+            growth = gpubuf_p50[(op, key, large)] / gpubuf_p50[(op, key, small)]
+            results["flat"].append({"op": op, "key": key, "rows_small": small, "rows_large": large, "time_ratio": growth})
+            print(f"gpubuf {op} {key}: N={large:,} takes x{growth:.2f} the time of N={small:,}", flush=True)
     return results
 
 
@@ -181,14 +203,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--samplers", nargs="+", choices=["slice", "prioritized"], default=["slice", "prioritized"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "kernels"))
-    results = run(args.sizes, args.repeats, args.device)
+    results = run(args.sizes, args.repeats, args.device, args.samplers)
     results["env"] = environment(args.device)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ with Numba, else the twin.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from gpubuf.errors import DeviceMismatchError
@@ -116,6 +117,7 @@ def sumtree_windows(
     *,
     stratified: bool = False,
     backend: str = "auto",
+    validate: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The prioritized window draw of :func:`sumtree_windows_ref`, dispatched through the backend table.
 
@@ -128,7 +130,9 @@ def sumtree_windows(
 
     Args:
         As :func:`sumtree_windows_ref`; ``backend`` is ``"auto"``, ``"torch"``, ``"triton"`` or
-        ``"numba"``.
+        ``"numba"``. ``validate=False`` skips the argument checks, for a caller that built the
+        arguments itself (a sampler's own tree, tables and flag columns): on a CPU they cost
+        about as much as the draw of a few dozen slices.
 
     Raises:
         TypeError, ValueError: inputs of the wrong type, dtype, shape or size.
@@ -136,7 +140,8 @@ def sumtree_windows(
         BackendUnavailableError: an explicit backend that cannot run here.
     """
     flags = (done, terminated)
-    _check(tree, uniforms, held_min, capacity, seq_length, flags)
+    if validate:
+        _check(tree, uniforms, held_min, capacity, seq_length, flags)
     which = resolve("sumtree_windows", tree.leaves, backend)
     if which == "torch":
         return sumtree_windows_ref(tree, uniforms, held_min, beta, capacity, seq_length, *flags, stratified=stratified)
@@ -144,18 +149,20 @@ def sumtree_windows(
     if which == "triton":
         return kernel(tree, uniforms, held_min, beta, capacity, seq_length, *flags, stratified=stratified)
     n = uniforms.numel() * seq_length
-    rows = torch.empty(n, dtype=torch.int64)
-    marks = torch.empty(len(MARKS_AT), n, dtype=torch.bool)
-    weights = torch.empty(n, dtype=tree.dtype)
-    none = _NO_FLAGS.numpy()  # stands for an absent flag column
+    # NumPy outputs handed out as tensors sharing their memory (cheaper than torch.empty and
+    # Tensor.numpy()).
+    rows = np.empty(n, dtype=np.int64)
+    marks = np.empty((len(MARKS_AT), n), dtype=np.bool_)
     arrays = tree._numpy_arrays()
+    weights = np.empty(n, dtype=arrays.leaves.dtype)
     kernel(
         arrays.leaves, arrays.sums, arrays.mins, arrays.offsets, arrays.sizes, arrays.shift, uniforms.numpy(),
         bool(stratified), float(held_min), float(beta), capacity, seq_length,
-        *(none if f is None else f.numpy() for f in flags), *(f is not None for f in flags),
-        rows.numpy(), marks.numpy(), weights.numpy(),
+        *(_NO_FLAGS if f is None else f.numpy() for f in flags), *(f is not None for f in flags),
+        rows, marks, weights,
     )
-    return rows, marks, weights
+    return torch.from_numpy(rows), torch.from_numpy(marks), torch.from_numpy(weights)
 
 
-_NO_FLAGS = torch.zeros(1, dtype=torch.bool)
+#: Stands for an absent flag column (the compiled loop reads it only where told it is present).
+_NO_FLAGS = np.zeros(1, dtype=np.bool_)

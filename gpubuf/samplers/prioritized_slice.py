@@ -277,7 +277,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
                 # marks and weights.
                 rows, marks, weights = sumtree_windows(
                     tree, uniforms, self._held.min(), self._beta, index.capacity, seq_length, *flags[:2],
-                    stratified=self.stratified, backend=self._backend,
+                    stratified=self.stratified, backend=self._backend, validate=False,
                 )
                 out, info = self._finish_marked(rows, marks, init=False)
                 info["priority_weight"] = weights
