@@ -7,7 +7,10 @@ For each workload and batch size, one call after a warm-up call runs under
 - ``extend``: ``extend`` of B rows;
 - ``prioritized-cycle``: ``TensorDictPrioritizedReplayBuffer.sample(B, return_info=True)``
   (draw with importance weights, gather) then ``update_priority`` of the batch with priorities
-  already on the device.
+  already on the device;
+- ``slice-sample`` and ``prioritized-slice-sample``: a ``TensorDictReplayBuffer.sample(B)`` with
+  a ``SliceSampler`` / ``PrioritizedSliceSampler`` of ``B / 32`` slices of 32 steps (episodes of
+  20 to 200 steps, boundaries from ``traj_key``).
 
 On a GPU this is what a step costs in launches and syncs. Without one, ``--device cpu --backend
 triton`` counts the device path through Triton's interpreter (``TRITON_INTERPRET=1``; small sizes).
@@ -44,12 +47,44 @@ def _prioritized_cycle(config: ProfileConfig) -> Callable[[], Any]:
     return cycle
 
 
+#: Steps a slice of the slice workloads.
+SLICE_LEN = 32
+
+
+def _slice_sample(config: ProfileConfig, *, prioritized: bool) -> Callable[[], Any]:
+    import gpubuf
+    from tensordict import TensorDict
+
+    n, device = config.rows, config.device
+    g = torch.Generator().manual_seed(config.seed)
+    lengths = torch.randint(20, 201, (n // 20 + 1,), generator=g)
+    episode = torch.repeat_interleave(torch.arange(lengths.shape[0]), lengths)[:n]
+    done = torch.zeros(n, 1, dtype=torch.bool)
+    done[:-1, 0] = episode[1:] != episode[:-1]
+    data = TensorDict({"obs": torch.randn(n, 4, generator=g), "episode": episode, ("next", "done"): done}, [n])
+    num_slices = max(config.batch_size // SLICE_LEN, 1)
+    if prioritized:
+        sampler = gpubuf.PrioritizedSliceSampler(n, alpha=0.7, beta=0.5, num_slices=num_slices, traj_key="episode")
+    else:
+        sampler = gpubuf.SliceSampler(num_slices=num_slices, traj_key="episode")
+    rb = gpubuf.TensorDictReplayBuffer(
+        storage=gpubuf.LazyTensorStorage(n, device=device), sampler=sampler, backend=config.backend,
+        generator=torch.Generator(device=device).manual_seed(config.seed),
+    )
+    rb.extend(data.to(device))
+    batch = num_slices * SLICE_LEN
+    rb.sample(batch)  # reads the boundaries written (work proportional to the rows, once)
+    return lambda: rb.sample(batch)
+
+
 #: name -> builder(config) of the call to count: the profiled sample and extend, and the
 #: prioritized cycle with priorities already on the device.
 WORKLOADS: dict[str, Callable[[ProfileConfig], Callable[[], Any]]] = {
     "sample": PROFILED["sample"].build,
     "extend": PROFILED["extend"].build,
     "prioritized-cycle": _prioritized_cycle,
+    "slice-sample": lambda config: _slice_sample(config, prioritized=False),
+    "prioritized-slice-sample": lambda config: _slice_sample(config, prioritized=True),
 }
 
 
@@ -105,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = count_workloads(device, rows=args.rows, batches=args.batch, backend=args.backend, workloads=args.workload)
     for r in results:
         print(
-            f"{r['workload']:>18} B={r['batch']:<7} {r['launches']:4d} launches ({r['triton_launches']} Triton, "
+            f"{r['workload']:>24} B={r['batch']:<7} {r['launches']:4d} launches ({r['triton_launches']} Triton, "
             f"{r['torch_ops']} torch), {r['host_syncs']} host syncs: "
             + ", ".join(f"{k} x{v}" for k, v in sorted(r["kernels"].items(), key=lambda kv: -kv[1]))
             + (f"; syncs: {', '.join(r['syncs'])}" if r["syncs"] else "")

@@ -99,3 +99,18 @@ def test_the_counts_tool_counts_the_device_path():
     (sample,) = count_workloads(torch.device("cpu"), rows=50, batches=[9], backend="triton", workloads=["sample"])
     assert (sample["launches"], sample["triton_launches"], sample["host_syncs"]) == (2, 1, 0)
     assert sample["kernels"] == {"aten:randint.low_generator": 1, "triton:_gather_rows_kernel": 1}
+
+
+def test_the_counts_tool_counts_slice_samples_on_the_device_path():
+    from gpubuf.tools.counts import count_workloads
+
+    plain, prioritized = count_workloads(
+        torch.device("cpu"), rows=400, batches=[64], backend="triton",
+        workloads=["slice-sample", "prioritized-slice-sample"],
+    )
+    assert (plain["launches"], plain["host_syncs"]) == (3, 0)
+    assert plain["kernels"] == {"aten:rand.generator": 1, "triton:_slice_windows_kernel": 1,
+                                "triton:_gather_rows_kernel": 1}
+    assert (prioritized["launches"], prioritized["host_syncs"]) == (3, 0)
+    assert prioritized["kernels"] == {"aten:rand.generator": 1, "triton:_sumtree_windows_kernel": 1,
+                                      "triton:_gather_rows_kernel": 1}
