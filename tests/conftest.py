@@ -21,9 +21,16 @@ def pytest_collection_modifyitems(config, items):
     # Long tests run only when asked for by marker (`-m slow`), so the default run stays short.
     run_slow = "slow" in (config.getoption("-m") or "")
     skip_slow = pytest.mark.skip(reason="slow: run with -m slow")
+    # Where CUDA is present the kernels compile for it and the interpreter is off, so a test that
+    # forces the device path onto CPU tensors cannot run; the gpu tests, the kernel tests (on
+    # CUDA tensors there) and `gpu_suite.sh counts` cover that path on the device itself.
+    skip_interpreter = pytest.mark.skip(reason="forces the device path onto CPU tensors through Triton's "
+                                               "interpreter, which is off where CUDA is present")
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip_gpu)
+        if "interpreter" in item.keywords and HAS_CUDA:
+            item.add_marker(skip_interpreter)
         if "slow" in item.keywords and not run_slow:
             item.add_marker(skip_slow)
 

@@ -144,6 +144,7 @@ def test_compress_keys_selects_leaves_and_state_dict_round_trip(atari):
         CompressedTensorStorage(10, compress_keys=["nope"])._write_rows(0, data[:3])
 
 
+@pytest.mark.interpreter
 @pytest.mark.parametrize("saved, loaded", [("triton", "auto"), ("auto", "triton")])
 def test_state_moves_between_host_and_device_codecs(atari, saved, loaded):
     """Host rows are zstd frames, device rows (here the forced device path) the row codec; a

@@ -11,6 +11,8 @@ from gpubuf.ops.device_work import count_device_work
 
 from device_helpers import assert_work, rows_with_ids as _rows
 
+pytestmark = pytest.mark.interpreter
+
 
 def _buffer(backend: str, seed: int = 0) -> TensorDictReplayBuffer:
     rb = TensorDictReplayBuffer(

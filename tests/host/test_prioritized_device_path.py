@@ -14,6 +14,8 @@ from gpubuf.ops.device_work import count_device_work
 
 from device_helpers import assert_work, rows_with_ids as _rows
 
+pytestmark = pytest.mark.interpreter
+
 
 def _buffer(backend: str, capacity: int, rows: int, seed: int = 0) -> TensorDictPrioritizedReplayBuffer:
     rb = TensorDictPrioritizedReplayBuffer(

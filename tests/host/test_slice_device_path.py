@@ -13,6 +13,8 @@ from gpubuf.ops.device_work import count_device_work
 
 from device_helpers import assert_work
 
+pytestmark = pytest.mark.interpreter
+
 
 def _steps(n: int, flags: bool) -> TensorDict:
     """Episodes of 5 to 13 steps with an id and a done flag (and terminated and is_init with ``flags``)."""

@@ -11,6 +11,7 @@ from gpubuf.ops.gather_rows import gather_rows
 from device_helpers import assert_work
 
 
+@pytest.mark.interpreter
 def test_counts_triton_launches_at_the_launch_helper_and_not_the_interpreter_copies():
     sources = [torch.arange(40.0).view(10, 4), torch.arange(10, dtype=torch.uint8)]
     index = torch.tensor([9, 0, 0])

@@ -103,6 +103,7 @@ def test_every_kernel_of_the_table_imports():
         assert callable(implementation(op, which)), where
 
 
+@pytest.mark.interpreter
 def test_the_table_decides_auto_and_explicit_choices():
     cpu = torch.zeros(1)
     assert resolve("gather_rows", cpu, "auto") == "numba"
@@ -118,6 +119,7 @@ def test_gather_rows_runs_its_cpu_kernel_when_asked():
     assert all(torch.equal(g, s[index]) for g, s in zip(got, sources))
 
 
+@pytest.mark.interpreter
 def test_device_path_follows_the_backend_not_the_machine(monkeypatch):
     cpu = torch.zeros(1)
     assert device_path(cpu, "triton")
@@ -127,6 +129,7 @@ def test_device_path_follows_the_backend_not_the_machine(monkeypatch):
         device_path(cpu, "triton")
 
 
+@pytest.mark.interpreter
 def test_check_backend_refuses_what_cannot_run(monkeypatch):
     assert check_backend("auto") == "auto" and check_backend("triton") == "triton"
     with pytest.raises(ValueError, match="backend must be one of"):
@@ -140,6 +143,7 @@ def test_check_backend_refuses_what_cannot_run(monkeypatch):
         check_backend("numba")
 
 
+@pytest.mark.interpreter
 def test_the_buffer_hands_its_backend_to_storage_and_sampler():
     from gpubuf import LazyTensorStorage, RandomSampler, ReplayBuffer
 

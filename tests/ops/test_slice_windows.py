@@ -59,9 +59,10 @@ def test_twin_matches_brute_force(wrap, seq_length):
 
 @pytest.mark.parametrize("backend", ["triton", "numba"])
 @pytest.mark.parametrize(("slices", "present"), [(1, (1, 1, 1)), (31, (0, 0, 0)), (32, (1, 0, 1)), (33, (1, 1, 0))])
-def test_backends_match_the_twin(backend, slices, present):
+def test_backends_match_the_twin(backend, slices, present, kernel_device):
     if backend == "numba" and not numba_importable():
         pytest.skip("numba is not installed")
+    device = kernel_device if backend == "triton" else torch.device("cpu")
     capacity, seq_length = 97, 5
     slots, start, stop, front, back, lower, _ = _tables(3, capacity, seq_length, True)
     u = torch.rand(2 * slices, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
@@ -69,7 +70,10 @@ def test_backends_match_the_twin(backend, slices, present):
     flags = torch.rand(3, capacity, generator=torch.Generator().manual_seed(5)) < 0.5
     flags = [f if p else None for f, p in zip(flags, present)]
     want = slice_windows_ref(slots, start, stop, front, back, u, lower, capacity, seq_length, *flags)
-    got = slice_windows(slots, start, stop, front, back, u, lower, capacity, seq_length, *flags, backend=backend)
+    on = [t.to(device) for t in (slots, start, stop, front, back, u)]
+    got = slice_windows(*on, lower, capacity, seq_length, *(None if f is None else f.to(device) for f in flags),
+                        backend=backend)
+    got = [t.cpu() for t in got]
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert int(got[0].min()) >= 0 and int(got[0].max()) < capacity
 

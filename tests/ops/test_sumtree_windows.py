@@ -64,26 +64,28 @@ def test_the_tree_minimum_counts_when_it_is_the_smaller():
     (1, (1, 1), torch.float32, False), (31, (0, 0), torch.float64, True), (32, (1, 0), torch.float32, False),
     (33, (0, 1), torch.float64, False),
 ])
-def test_backends_match_the_twin(backend, slices, present, dtype, stratified):
+def test_backends_match_the_twin(backend, slices, present, dtype, stratified, kernel_device):
     if backend == "numba" and not numba_importable():
         pytest.skip("numba is not installed")
+    device = kernel_device if backend == "triton" else torch.device("cpu")
     capacity, seq_length, beta = 97, 5, 0.4
     tree, flags, g = _inputs(3, capacity, dtype)
     flags = [f if p else None for f, p in zip(flags, present)]
     uniforms = torch.rand(slices, generator=g, dtype=torch.float64)
     held_min = torch.tensor(0.3, dtype=torch.float64)
     want = sumtree_windows_ref(tree, uniforms, held_min, beta, capacity, seq_length, *flags, stratified=stratified)
-    got = sumtree_windows(tree, uniforms, held_min, beta, capacity, seq_length, *flags, stratified=stratified,
-                          backend=backend)
+    got = sumtree_windows(tree.to(device), uniforms.to(device), held_min.to(device), beta, capacity, seq_length,
+                          *(None if f is None else f.to(device) for f in flags), stratified=stratified, backend=backend)
+    got = [t.cpu() for t in got]
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert got[2].dtype == dtype
     torch.testing.assert_close(got[2], want[2], rtol=1e-12 if dtype == torch.float64 else 1e-6, atol=0)
 
 
-def test_an_empty_tree_sets_the_error_bit_on_the_device_path():
-    tree = SumTree(40)
-    uniforms = torch.rand(3, dtype=torch.float64)
-    held_min = torch.tensor(float("inf"), dtype=torch.float64)
+def test_an_empty_tree_sets_the_error_bit_on_the_device_path(kernel_device):
+    tree = SumTree(40, device=kernel_device)
+    uniforms = torch.rand(3, dtype=torch.float64, device=kernel_device)
+    held_min = torch.tensor(float("inf"), dtype=torch.float64, device=kernel_device)
     rows, _, _ = sumtree_windows(tree, uniforms, held_min, 0.5, 40, 4, backend="triton")
     assert int(tree.flags[0]) & 8
     assert rows.view(3, 4)[:, 0].tolist() == [0, 0, 0]
