@@ -232,7 +232,7 @@ def _check_sampler(sampler: Any, state: Any, storage: Any, rows: _Rows) -> None:
     if not isinstance(sampler, PrioritizedSampler):
         return
     leaves = state["_tree"]["leaves"]
-    if rows.length is not None and getattr(storage, "ndim", 1) == 1 and leaves.device.type == "cpu":
+    if rows.length is not None and storage.ndim == 1 and leaves.device.type == "cpu":
         if bool((leaves[rows.length :] > 0).any()):
             raise StateDictError(
                 f"{where}: the tree holds priorities past the {rows.length} rows the storage state holds (the states "

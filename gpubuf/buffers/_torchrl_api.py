@@ -200,7 +200,7 @@ class BufferExtras:
     def _with_index_column(self, data: Any, end: int) -> Any:
         # A TensorDict buffer stores each row's "index"; data written back in storage order
         # without it gets it here (TorchRL's storage keeps the old column instead).
-        layout = getattr(self._storage, "layout", None)
+        layout = self._storage.layout
         if (
             isinstance(data, TensorDictBase)
             and "index" not in data.keys()

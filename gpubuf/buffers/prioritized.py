@@ -224,7 +224,7 @@ class TensorDictPrioritizedReplayBuffer(_PrioritizedMixin, TensorDictReplayBuffe
         a storage that has the column gets it filled in place (in a shallow copy) with the
         priority new items get, the current maximum.
         """
-        layout = getattr(self._storage, "layout", None)
+        layout = self._storage.layout
         if layout is None or not isinstance(data, TensorDictBase) or len(self._transform):
             return None
         key = unravel_key(self.priority_key)

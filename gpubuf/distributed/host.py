@@ -121,7 +121,7 @@ class BufferHost:
             "size": len(buffer),
             "write_count": buffer.write_count,
             "capacity": int(storage.max_size),
-            "ndim": int(getattr(storage, "ndim", 1)),
+            "ndim": int(storage.ndim),
             "prioritized": False,
         }
         sampler = buffer.sampler

@@ -536,7 +536,7 @@ class PrioritizedSampler(Sampler):
         target = _storage_device(storage)
         if target is not None and target != index.device:
             index, weight = index.to(target), weight.to(target)
-        if getattr(storage, "ndim", 1) > 1:
+        if storage.ndim > 1:
             index = _unravel(index, storage.shape)
         return index, {"priority_weight": weight}
 

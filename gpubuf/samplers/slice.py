@@ -288,7 +288,7 @@ class SliceSampler(Sampler):
     # ------------------------------------------------------------------ boundaries
     def _geometry(self, storage: Any) -> tuple[int, int, tuple[int, ...]]:
         """``(T, C, column_shape)`` of a storage: time rows, columns, and the column dims."""
-        ndim = getattr(storage, "ndim", 1)
+        ndim = storage.ndim
         if ndim == 1:
             return int(storage.max_size), 1, ()
         shape = tuple(storage._total_shape)  # capacity along dim 0 (``shape`` is the written part)
@@ -550,7 +550,7 @@ class SliceSampler(Sampler):
     def _sync_fragments(self, storage: Any) -> FragmentIndex:
         """The per-row records, brought up to date with the rows written since the last draw
         (every stored row after a write the sampler did not follow, or a load)."""
-        if getattr(storage, "ndim", 1) != 1:
+        if storage.ndim != 1:
             raise UnsupportedOptionError(
                 f"fragmented=True supports one-dimensional storages only, got a storage with ndim={storage.ndim}"
             )
@@ -714,7 +714,7 @@ class SliceSampler(Sampler):
         return flags
 
     def _read_flag_columns(self, storage: Any, index: EpisodeIndex) -> tuple | None:
-        if getattr(storage, "ndim", 1) != 1:
+        if storage.ndim != 1:
             return None
         keys = [None, None, None]
         if self.truncated_key is not None:
@@ -776,7 +776,7 @@ class SliceSampler(Sampler):
         init: bool = True,
     ) -> tuple[tuple[torch.Tensor, ...], dict]:
         """The per-dim index of the steps and TorchRL's info entries (``init``: mark slice starts)."""
-        ndim = getattr(storage, "ndim", 1)
+        ndim = storage.ndim
         if ndim == 1:
             out: tuple = (rows,)
         else:

@@ -74,10 +74,10 @@ class StalenessAwareSampler(Sampler):
         self._max_staleness = value
 
     def _versions(self, storage: Any, n: int) -> torch.Tensor | None:
-        layout = getattr(storage, "layout", None)
+        layout = storage.layout
         leaves = getattr(storage, "_flat_leaves", None)
         key = (self._version_key,) if isinstance(self._version_key, str) else tuple(self._version_key)
-        if layout is not None and leaves and getattr(storage, "ndim", 1) == 1:
+        if layout is not None and leaves and storage.ndim == 1:
             position = layout.index_of(key)
             if position is not None:
                 # The stored column itself: no gather of the other fields.

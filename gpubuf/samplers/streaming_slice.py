@@ -143,7 +143,7 @@ class StreamingSliceSampler(SliceSampler):
 
     def _read_writes(self, storage: Any) -> None:
         """Cuts the writes noted since the last draw into windows, in write order."""
-        if getattr(storage, "ndim", 1) != 1:
+        if storage.ndim != 1:
             raise SliceArgumentError("StreamingSliceSampler requires a one-dimensional storage.")
         if storage.max_size < self.slice_len:
             raise SliceArgumentError(

@@ -135,6 +135,6 @@ class StorageEnsemble(Storage):
 
 def _member_index(sample: Any, storage: Storage) -> Any:
     """A member sampler's index back in the form its storage reads: coordinates become a tuple."""
-    if isinstance(sample, torch.Tensor) and getattr(storage, "ndim", 1) > 1 and sample.ndim == 2:
+    if isinstance(sample, torch.Tensor) and storage.ndim > 1 and sample.ndim == 2:
         return tuple(sample.unbind(-1))
     return sample

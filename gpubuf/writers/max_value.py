@@ -75,7 +75,7 @@ class TensorDictMaxValueWriter(Writer):
         return self._reduction
 
     def register_storage(self, storage: Any) -> None:
-        if getattr(storage, "ndim", 1) > 1:
+        if storage.ndim > 1:
             raise InvalidArgumentError(
                 "TensorDictMaxValueWriter is not compatible with storages with more than one dimension: store each "
                 "trajectory as one row (ndim=1) so that its rank can be reduced"
