@@ -634,8 +634,7 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
             # (A stacked storage that packs its items keeps none in its list.)
             first = storage._storage[0] if isinstance(storage, ListStorage) and storage._storage else None
             row_bytes = 64 + (first.nbytes if isinstance(first, torch.Tensor) else 0)
-        device = getattr(storage, "device", None)
-        device = device if isinstance(device, torch.device) else torch.device("cpu")
+        device = storage.data_device or torch.device("cpu")
         try:
             check_fits_memory(
                 batch_size * (8 + row_bytes),

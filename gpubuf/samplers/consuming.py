@@ -48,11 +48,6 @@ class ConsumingSampler(Sampler):
         self._empty()
 
     # ------------------------------------------------------------------ bookkeeping
-    @staticmethod
-    def _storage_device(storage: Any) -> torch.device | None:
-        device = getattr(storage, "device", None)
-        return device if isinstance(device, torch.device) else None
-
     def _ensure_state(self, storage: Any = None, *, min_capacity: int = 0) -> None:
         """Sizes the per-slot counters for ``storage`` (and ``min_capacity``) and syncs its length."""
         if storage is not None:
@@ -60,7 +55,7 @@ class ConsumingSampler(Sampler):
                 raise ValueError(f"{type(self).__name__} only supports 1-dimensional storages, got storage.ndim={storage.ndim}.")
             storage_len = len(storage)
             min_capacity = max(min_capacity, storage_len)
-            device = self._storage_device(storage)
+            device = storage.data_device
         else:
             storage_len = self._known_storage_len
             device = self._sample_count.device if self._sample_count is not None else None

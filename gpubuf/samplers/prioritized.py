@@ -35,16 +35,6 @@ _UNBOUND = object()
 _REDUCTIONS = ("max", "min", "median", "mean")
 
 
-def _storage_device(storage: Any) -> torch.device | None:
-    """The device a storage keeps (and returns) its data on, when it has a definite one."""
-    device = getattr(storage, "device", None)
-    if isinstance(device, torch.device):
-        return device
-    if isinstance(device, str) and device != "auto":
-        return torch.device(device)
-    return None
-
-
 def _check_exponent(name: str, value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
         raise InvalidArgumentError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -291,7 +281,7 @@ class PrioritizedSampler(Sampler):
         self._storage = storage
         self._bound_device_attr = device_attr
         if self._device is None:
-            device = _storage_device(storage)
+            device = storage.data_device
             if device is not None and device != self._tree.device:
                 self._move_to(device)
 
@@ -533,7 +523,7 @@ class PrioritizedSampler(Sampler):
         index, weight = sumtree_sample_weighted(
             tree, self._uniforms(batch_size), self._beta, stratified=self.stratified, backend=self._backend
         )
-        target = _storage_device(storage)
+        target = storage.data_device
         if target is not None and target != index.device:
             index, weight = index.to(target), weight.to(target)
         if storage.ndim > 1:

@@ -299,13 +299,8 @@ class SliceSampler(Sampler):
 
     @staticmethod
     def _storage_device_of(storage: Any) -> torch.device:
-        leaves = getattr(storage, "_leaves", None)
-        if leaves:
-            return leaves[0].device
-        device = getattr(storage, "device", None)
-        if isinstance(device, torch.device):
-            return device
-        return torch.device("cpu")
+        """Where the boundaries live: the storage's rows' device (the host until it has one)."""
+        return storage.data_device or _HOST
 
     def _resolve_source(self, storage: Any) -> tuple:
         traj = [as_key(self.traj_key)] if self.traj_key is not None else ([] if self._explicit_end else list(_AUTO_TRAJ_KEYS))
@@ -1098,3 +1093,6 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
 
     def __repr__(self) -> str:
         return SliceSampler.__repr__(self)
+
+
+_HOST = torch.device("cpu")

@@ -73,6 +73,18 @@ class Storage:
     # Whether a buffer's update_if_present can patch stored records in place (TorchRL's flag).
     supports_conditional_update = False
 
+    @property
+    def data_device(self) -> torch.device | None:
+        """The device the stored rows live on (and samples are read from), as a ``torch.device``;
+        None while it is not decided (``device="auto"`` before the first write) or where the
+        storage has none of its own (an ensemble, a list storage of arbitrary objects)."""
+        device = self.device
+        if isinstance(device, torch.device):
+            return device
+        if isinstance(device, str) and device != "auto":
+            return torch.device(device)
+        return None
+
     def __init__(self, max_size: int, checkpointer: Any = None, compilable: bool = False) -> None:
         self.max_size = check_max_size(max_size)
         self._compilable = compilable

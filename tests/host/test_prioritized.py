@@ -566,10 +566,12 @@ def test_bad_mark_update_and_sample_args():
 def test_tree_follows_a_storage_whose_device_becomes_known():
     """The sampler skips re-binding the same storage, but not once the storage's device changes
     (an auto-device storage learns its device at its first write)."""
+    from gpubuf.storages.base import Storage as StorageBase
 
-    class Storage:
-        device = "auto"
-        ndim = 1
+    class Storage(StorageBase):
+        def __init__(self) -> None:
+            super().__init__(10)
+            self.device = "auto"
 
         def __len__(self) -> int:
             return 0
