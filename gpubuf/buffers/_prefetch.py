@@ -88,7 +88,7 @@ class Prefetcher:
             raise
         seq = self._next_seq
         self._next_seq += 1
-        ran_out = bool(getattr(buffer._sampler, "ran_out", False))
+        ran_out = bool(buffer._sampler.ran_out)
         return _Entry(seq, batch_size, index, info, state, ran_out, buffer._mark_ready(prefetching=True))
 
     def _top_up(self, buffer: Any, batch_size: int) -> None:

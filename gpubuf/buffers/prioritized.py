@@ -45,11 +45,9 @@ class _PrioritizedMixin:
     _storage: Storage
 
     def _bind_sampler(self) -> None:
-        bind = getattr(self._sampler, "_bind", None)
-        if bind is not None:
-            # The sampler is told about writes without the storage (``sampler.extend(index)``);
-            # knowing it bounds priority updates to the written range and places coordinates.
-            bind(self._storage)
+        # The sampler is told about writes without the storage (``sampler.extend(index)``);
+        # knowing it bounds priority updates to the written range and places coordinates.
+        self._sampler._bind(self._storage)
 
     @property
     def prioritized_sampler(self) -> Sampler:

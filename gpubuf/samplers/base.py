@@ -68,6 +68,12 @@ class Sampler:
     def _empty(self) -> None:
         return None
 
+    def _bind(self, storage: Any) -> None:
+        """Told the buffer's storage when a prioritized buffer is built or its storage replaced
+        (a prioritized sampler bounds updates to the written range and follows the storage's
+        device); nothing to do for the others."""
+        return None
+
     def _prefetch_state(self) -> Any:
         """What a draw changes, for a prefetching buffer to undo (:mod:`gpubuf.buffers._prefetch`).
 
