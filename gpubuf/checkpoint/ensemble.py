@@ -10,6 +10,7 @@ from gpubuf.checkpoint.codecs import Apply, Codec, Context, StateDictCodec, _arr
 from gpubuf.checkpoint.errors import CheckpointCorruptError, CheckpointMismatchError
 from gpubuf.checkpoint.format import require
 from gpubuf.checkpoint.values import Decoder, Encoder
+from gpubuf.storages.ensemble import StorageEnsemble
 
 __all__ = ["StorageEnsembleCheckpointer"]
 
@@ -25,16 +26,15 @@ class StorageEnsembleCheckpointer(StorageCheckpointerBase):
 
     @staticmethod
     def _members(storage: Any) -> list:
-        members = getattr(storage, "_storages", None)
-        if members is None:
+        if not isinstance(storage, StorageEnsemble):
             raise CheckpointMismatchError(f"{type(storage).__name__} is not a storage ensemble")
-        return list(members)
+        return list(storage._storages)
 
     def to_checkpoint(self, storage: Any, context: Context) -> tuple[dict, dict]:
         members_state, arrays = _dump_members(self._members(storage), storage_codec, context)
         transforms = []
         encoder, tarrays = Encoder.collecting("x")
-        for i, transform in enumerate(getattr(storage, "_transforms", None) or []):
+        for i, transform in enumerate(storage._transforms or []):
             sd = getattr(transform, "state_dict", None)
             transforms.append(None if transform is None or not callable(sd) else encoder.encode(sd(), f"transform {i}"))
         arrays.update({f"transforms/{k}": v for k, v in tarrays.items()})
@@ -43,7 +43,7 @@ class StorageEnsembleCheckpointer(StorageCheckpointerBase):
     def from_checkpoint(self, storage: Any, state: dict, arrays: Mapping[str, Any], context: Context) -> Apply:
         recorded = require(state, "members", list, "storage state")
         applies = _load_members(self._members(storage), recorded, storage_codec, arrays, context, "StorageEnsemble")
-        transforms = getattr(storage, "_transforms", None) or []
+        transforms = storage._transforms or []
         decoder = Decoder(lambda name: _array(arrays, f"transforms/{name}"))
         for i, (transform, value) in enumerate(zip(transforms, state.get("transforms") or [])):
             if transform is not None and value is not None and callable(getattr(transform, "load_state_dict", None)):

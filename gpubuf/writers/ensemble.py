@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from gpubuf._ensemble import rng_to_members
+from gpubuf.storages.ensemble import StorageEnsemble
 from gpubuf.writers.base import Writer
 from gpubuf.errors import ArgumentConflictError, ComponentTypeError, ImmutableStorageError
 
@@ -42,9 +43,9 @@ class WriterEnsemble(Writer):
         return sum(writer._write_count for writer in self._writers)
 
     def register_storage(self, storage: Any) -> None:
-        members = getattr(storage, "_storages", None)
-        if members is None:
-            raise ComponentTypeError("WriterEnsemble requires a StorageEnsemble.")
+        if not isinstance(storage, StorageEnsemble):
+            raise ComponentTypeError(f"WriterEnsemble requires a StorageEnsemble, got {type(storage).__name__}.")
+        members = storage._storages
         if len(members) != len(self._writers):
             raise ArgumentConflictError("WriterEnsemble and StorageEnsemble must have the same number of members.")
         self._storage = storage
