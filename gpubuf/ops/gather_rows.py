@@ -163,12 +163,34 @@ def _prefetch_rows(sources: Sequence[torch.Tensor], widths: list[int], index: to
 
     A sample of a few hundred rows from a large storage misses the cache on nearly every line;
     ``index_select`` overlaps only the few misses its reorder window reaches, where prefetches
-    issued first overlap many. Changes nothing; a prefetch never faults, whatever the address.
+    issued first overlap many. Rows that come in runs (a slice sampler's windows) read
+    sequentially, and the kernel leaves them to the processor's own prefetcher. Changes nothing;
+    a prefetch never faults, whatever the address.
     """
-    # Per source: row 0's address, the row stride and the row's length, in bytes (contiguous
-    # rows: the stride). Taken on every call: nothing about the sources is kept between calls.
+    kernel = implementation("gather_rows", "numba")
+    kernel(_targets(sources, widths), index.numpy(), PREFETCH_MIN_ROWS)
+
+
+def _targets(sources: Sequence[torch.Tensor], widths: list[int]) -> np.ndarray:
+    """Per source: row 0's address, the row stride and the row's length, in bytes (contiguous
+    rows: the stride), as the prefetch kernel takes them.
+
+    Kept for the next call while it is given the same tensor objects (a storage hands its
+    leaves from one sample to the next until it allocates anew): building the array costs
+    about as much as the prefetch of a few hundred rows. The entry holds the tensors, so none
+    it names is freed while it is kept (their addresses cannot be taken by others).
+    """
+    global _last_targets
+    last = _last_targets
+    if last is not None and len(last[0]) == len(sources) and all(a is b for a, b in zip(last[0], sources)):
+        return last[1]
     targets = np.array([(src.data_ptr(), width, width) for src, width in zip(sources, widths)], dtype=np.int64)
-    implementation("gather_rows", "numba")(targets, index.numpy())
+    _last_targets = (tuple(sources), targets)
+    return targets
+
+
+#: The last sources :func:`_targets` was given, and their array.
+_last_targets: tuple | None = None
 
 
 def _index_select_host(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -55,8 +55,8 @@ def test_prefetching_addresses_that_hold_nothing_does_not_fault():
     del freed
     nowhere = np.array([(64, 1 << 30, 256)], dtype=np.int64)  # page zero, then terabytes past it
     prefetch = kernel_module("cpu.prefetch").prefetch_rows
-    prefetch(targets, index)
-    prefetch(nowhere, index)
+    prefetch(targets, index, 0)
+    prefetch(nowhere, index, 0)
 
 
 def test_a_large_sample_prefetches_only_past_the_threshold(monkeypatch):

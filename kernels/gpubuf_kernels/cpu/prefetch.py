@@ -47,7 +47,7 @@ def prefetch_line(typingctx, address):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def prefetch_rows(targets, index):  # pragma: no cover - compiled
+def prefetch_rows(targets, index, min_runs):  # pragma: no cover - compiled
     """Prefetches row ``index[b]`` of every target, target by target.
 
     Args:
@@ -58,7 +58,17 @@ def prefetch_rows(targets, index):  # pragma: no cover - compiled
 
     Target by target, in the order the gathers read them: the first gather waits on the first
     lines fetched.
+
+    Rows that come in fewer than ``min_runs`` runs of consecutive rows are not prefetched at all
+    (a slice sampler's windows): each run is one sequential read, which the processor's own
+    prefetcher follows, and the hints would only cost their instructions.
     """
+    runs = 1
+    for b in range(1, index.shape[0]):
+        if index[b] != index[b - 1] + 1:
+            runs += 1
+    if runs < min_runs:
+        return
     for f in range(targets.shape[0]):
         base = targets[f, 0]
         stride = targets[f, 1]
