@@ -85,3 +85,21 @@ def test_a_prioritized_slice_sample_is_the_windows_draw_and_the_gather(flags):
     windows = batch.reshape(8, 8)
     assert (windows["episode"] == windows["episode"][:, :1]).all() and windows["next", "truncated"][:, -1].all()
     assert (windows["priority_weight"] == windows["priority_weight"][:, :1]).all()
+
+
+def test_a_prioritized_slice_draw_from_an_empty_tree_is_reported_at_the_check_without_a_sync():
+    """Every priority 0 (eps 0): the fused draw flags the tree on the device instead of reading its
+    total on the host; ``check_errors`` raises it, once."""
+    from gpubuf.errors import EmptyBufferError
+
+    sampler = PrioritizedSliceSampler(300, alpha=1.0, beta=0.5, eps=0.0, num_slices=8, traj_key="episode")
+    rb = _buffer(sampler, "triton", False)
+    rb.sample()
+    rb.update_priority(torch.arange(300), torch.zeros(300))
+    sampler.check_errors()  # the update itself was valid
+    with count_device_work("cpu") as work:
+        rb.sample()
+    assert_work(work, launches=3, host_syncs=0)
+    with pytest.raises(EmptyBufferError, match="every priority 0"):
+        sampler.check_errors()
+    sampler.check_errors()  # reported once, then cleared
