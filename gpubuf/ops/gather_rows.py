@@ -16,6 +16,7 @@ from gpubuf.errors import SchemaMismatchError
 from gpubuf.ops import _checks
 from gpubuf.host_memory import LARGE_OUTPUT_BYTES, empty_host
 from gpubuf.ops._dispatch import device_path, implementation, numba_enabled, resolve
+from gpubuf.ops._memo import LastByIdentity
 
 __all__ = ["gather_rows", "gather_rows_ref"]
 
@@ -175,22 +176,17 @@ def _targets(sources: Sequence[torch.Tensor], widths: list[int]) -> np.ndarray:
     """Per source: row 0's address, the row stride and the row's length, in bytes (contiguous
     rows: the stride), as the prefetch kernel takes them.
 
-    Kept for the next call while it is given the same tensor objects (a storage hands its
-    leaves from one sample to the next until it allocates anew): building the array costs
-    about as much as the prefetch of a few hundred rows. The entry holds the tensors, so none
-    it names is freed while it is kept (their addresses cannot be taken by others).
+    Kept while the same tensor objects come back (a storage hands its leaves from one sample to
+    the next until it allocates anew): building the array costs about as much as the prefetch
+    of a few hundred rows.
     """
-    global _last_targets
-    last = _last_targets
-    if last is not None and len(last[0]) == len(sources) and all(a is b for a, b in zip(last[0], sources)):
-        return last[1]
-    targets = np.array([(src.data_ptr(), width, width) for src, width in zip(sources, widths)], dtype=np.int64)
-    _last_targets = (tuple(sources), targets)
-    return targets
+    return _TARGETS.get(tuple(sources), lambda: np.array(
+        [(src.data_ptr(), width, width) for src, width in zip(sources, widths)], dtype=np.int64
+    ))
 
 
-#: The last sources :func:`_targets` was given, and their array.
-_last_targets: tuple | None = None
+#: The address table of the last sources :func:`_targets` was given.
+_TARGETS = LastByIdentity()
 
 
 def _index_select_host(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

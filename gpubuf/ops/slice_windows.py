@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from gpubuf.ops._dispatch import device_path, implementation, numba_enabled, resolve
+from gpubuf.ops._memo import LastByIdentity
 
 __all__ = ["slice_windows", "slice_windows_ref", "slice_windows_trusted", "MARKS"]
 
@@ -174,25 +175,18 @@ def _host_arrays(
     Kept for the next call while it is given the same tensor objects: a sampler passes the same
     tables from one draw to the next until a write replaces one (see
     :meth:`~gpubuf.samplers._episodes.EpisodeIndex.windows`), and the arrays share the tensors'
-    memory, so a change in place shows. Making them costs eight ``Tensor.numpy()`` calls (each a
-    ``detach`` through the dispatcher): 8 us of a 90 us sample, 20 us when it runs cold after
-    other work.
+    memory, so a change in place shows. Making them costs eight ``Tensor.numpy()`` calls, each a
+    ``detach`` through the dispatcher.
     """
-    global _last_host
-    given = (slots, start, stop, front, back, *flags)
-    last = _last_host
-    if last is not None and all(a is b for a, b in zip(last[0], given)):
-        return last[1]
-    none = _NO_FLAGS.numpy()
-    arrays = (
-        slots.numpy(), start.numpy(), stop.numpy(), front.numpy(), back.numpy(),
-        *(none if f is None else f.numpy() for f in flags), *(f is not None for f in flags),
-    )
-    # One tuple, replaced whole: a reader in another thread sees the old entry or the new one.
-    # The entry holds the tensors themselves, so no object it names can be freed and another
-    # take its id while it is kept.
-    _last_host = (given, arrays)
-    return arrays
+
+    def make() -> tuple:
+        none = _NO_FLAGS.numpy()
+        return (
+            slots.numpy(), start.numpy(), stop.numpy(), front.numpy(), back.numpy(),
+            *(none if f is None else f.numpy() for f in flags), *(f is not None for f in flags),
+        )
+
+    return _HOST_VIEWS.get((slots, start, stop, front, back, *flags), make)
 
 
 def _run(which: str, slots: torch.Tensor, start: torch.Tensor, stop: torch.Tensor, front: torch.Tensor,
@@ -214,6 +208,6 @@ def _run(which: str, slots: torch.Tensor, start: torch.Tensor, stop: torch.Tenso
     return torch.from_numpy(rows), torch.from_numpy(marks)
 
 
-#: The last tables :func:`_host_arrays` was given, and their arrays.
-_last_host: tuple | None = None
+#: The NumPy views of the last tables :func:`_host_arrays` was given.
+_HOST_VIEWS = LastByIdentity()
 _NO_FLAGS = torch.zeros(1, dtype=torch.bool)

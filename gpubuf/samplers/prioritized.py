@@ -275,7 +275,7 @@ class PrioritizedSampler(Sampler):
         """Remembers ``storage`` and, without an explicit device, moves the tree to the storage's."""
         if storage is None:
             return
-        device_attr = getattr(storage, "device", None)
+        device_attr = storage.device
         if storage is self._storage and device_attr is self._bound_device_attr:
             return  # the same storage, its device unchanged since the last call (every sample and update calls this)
         self._storage = storage

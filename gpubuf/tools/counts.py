@@ -26,7 +26,9 @@ import json
 from typing import Any, Callable, Sequence
 
 import torch
+from tensordict import TensorDict
 
+import gpubuf
 from gpubuf.ops.device_work import count_device_work
 from gpubuf.tools.profile import WORKLOADS as PROFILED
 from gpubuf.tools.profile import ProfileConfig, filled_buffer
@@ -52,9 +54,6 @@ SLICE_LEN = 32
 
 
 def _slice_sample(config: ProfileConfig, *, prioritized: bool) -> Callable[[], Any]:
-    import gpubuf
-    from tensordict import TensorDict
-
     n, device = config.rows, config.device
     g = torch.Generator().manual_seed(config.seed)
     lengths = torch.randint(20, 201, (n // 20 + 1,), generator=g)
