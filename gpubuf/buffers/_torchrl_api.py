@@ -23,6 +23,7 @@ from gpubuf.buffers.sample_units import SampleUnit, _last_written
 from gpubuf.errors import BatchSizeError
 from gpubuf.samplers.consuming import ConsumingSampler
 from gpubuf.samplers.random import RandomSampler
+from gpubuf.storages.base import Storage
 from gpubuf.storages.items import batch_length
 
 # The constructor arguments of a buffer whose construction is delayed, until its first use.
@@ -190,8 +191,8 @@ class BufferExtras:
         ``end`` defaults to the length of ``data``; a full buffer takes ``rb[:] = data``.
         """
         if end is None:
-            max_size = getattr(self._storage, "max_size", None)
-            if max_size is not None and len(self) == max_size:
+            max_size = self._storage.max_size
+            if len(self) == max_size:
                 self[:] = self._with_index_column(data, max_size)
                 return
             end = data.shape[0] if is_tensor_collection(data) else len(data)
@@ -279,16 +280,18 @@ class BufferExtras:
         if not self.initialized:
             args, kwargs = self.__dict__[_PENDING]
             stats: dict[str, Any] = {"size": 0, "write_count": 0, "prefetch_queue_size": 0, "initialized": False}
-            capacity = getattr(kwargs.get("storage"), "max_size", None)
+            storage = kwargs.get("storage")
+            # The storage may still be a factory: a capacity is known only for a built one.
+            capacity = storage.max_size if isinstance(storage, Storage) else None
             if isinstance(capacity, int):
                 stats["capacity"] = capacity
                 stats["utilization"] = 0.0
             return stats
         with self._lock:
             size = len(self)
-            capacity = getattr(self._storage, "max_size", None)
-            write_count = getattr(self._writer, "_write_count", 0)
-            prefetcher = getattr(self, "_prefetcher", None)
+            capacity = self._storage.max_size
+            write_count = self._writer._write_count
+            prefetcher = self._prefetcher
             queued = len(prefetcher) if prefetcher is not None else 0
         stats = {"size": int(size), "write_count": int(write_count), "prefetch_queue_size": int(queued), "initialized": True}
         if capacity is not None:
@@ -336,7 +339,7 @@ class BufferExtras:
                 ``version``; ``version_key`` in ``patch`` or a dotted string.
         """
         storage, writer = self._storage, self._writer
-        if not getattr(storage, "supports_conditional_update", False) or not writer.tracks_generations:
+        if not storage.supports_conditional_update or not writer.tracks_generations:
             raise RuntimeError(
                 f"Conditional updates are not supported by {type(storage).__name__} with {type(writer).__name__}: the "
                 "storage must support conditional updates and the writer must track slot generations."

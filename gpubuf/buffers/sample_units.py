@@ -47,11 +47,12 @@ class Transition(SampleUnit):
 
 def _last_written(storage: Any) -> int | None:
     """The dim-0 index of the newest row of ``storage``, from the writer of a buffer over it."""
-    for entity in getattr(storage, "_attached_entities", ()):
+    for entity in storage._attached_entities:
+        # Buffers attach themselves; ``Storage.attach`` also takes any entity that wants to hear
+        # about writes, which has no writer.
         writer = getattr(entity, "_writer", None)
-        if writer is not None and getattr(writer, "_storage", None) is storage and writer._write_count:
-            cap0 = getattr(storage, "_capacity_along_dim0", None) or storage.max_size
-            return (writer._cursor - 1) % cap0
+        if writer is not None and writer._storage is storage and writer._write_count:
+            return (writer._cursor - 1) % storage._max_size_along_dim0()
     return None
 
 

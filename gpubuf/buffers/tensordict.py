@@ -123,7 +123,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
         if priority.ndim <= nd:
             return priority.flatten() if nd > 1 else priority
         flat = priority.reshape(*priority.shape[:nd], -1)
-        reduction = getattr(self._sampler, "reduction", "max")
+        reduction = self._sampler.reduction
         if reduction == "max":
             out = flat.amax(-1)
         elif reduction == "min":

@@ -53,10 +53,10 @@ class StorageCheckpointerBase(Codec):
         self._load_hooks.append(hook)
 
     def save_hooks(self, storage: Any) -> list[Callable]:
-        return list(self._save_hooks) + list(getattr(storage, "_save_hooks", []))
+        return list(self._save_hooks) + list(storage._save_hooks)
 
     def load_hooks(self, storage: Any) -> list[Callable]:
-        return list(self._load_hooks) + list(getattr(storage, "_load_hooks", []))
+        return list(self._load_hooks) + list(storage._load_hooks)
 
     def dumps(self, storage: Any, path: Any) -> None:
         """Writes ``storage`` alone to the checkpoint directory ``path`` (crash-safe, no pickle)."""

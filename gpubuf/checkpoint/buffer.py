@@ -73,12 +73,10 @@ def dump_buffer(buffer: Any, path: Any) -> None:
         NotACheckpointError: ``path`` is a file, or a non-empty directory that is not a gpubuf
             checkpoint (it is never replaced).
     """
-    invalidate = getattr(buffer, "_invalidate_prefetch", None)
-    if invalidate is not None:
-        # Batches drawn ahead (prefetch) moved the sampler and the generator past what the caller
-        # has seen: they are dropped and their draws undone, so that the checkpoint holds the
-        # state right after the last batch returned. They are drawn again, identically.
-        invalidate()
+    # Batches drawn ahead (prefetch) moved the sampler and the generator past what the caller
+    # has seen: they are dropped and their draws undone, so that the checkpoint holds the state
+    # right after the last batch returned. They are drawn again, identically.
+    buffer._invalidate_prefetch()
     final = _as_path(path)
     components = {
         "storage": (buffer._storage, storage_codec(buffer._storage)),

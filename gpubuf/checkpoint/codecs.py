@@ -256,7 +256,7 @@ class SamplerWithoutReplacementCodec(Codec):
             "shuffle": bool(component.shuffle),
             "len_storage": int(component.len_storage),
             "ran_out": bool(component._ran_out),
-            "remaining": int(getattr(component, "_remaining", 0)),
+            "remaining": int(component._remaining),
             "sample_list": None if sample_list is None else "sample_list",
             "device": None if sample_list is None else str(sample_list.device),
         }
@@ -314,7 +314,7 @@ class RoundRobinWriterCodec(Codec):
         cursor = require_int(state, "cursor", "writer state")
         write_count = require_int(state, "write_count", "writer state", nullable=True)
         storage = component._storage
-        if storage is not None and hasattr(storage, "max_size") and cursor >= max(storage.max_size, 1):
+        if storage is not None and cursor >= max(storage.max_size, 1):
             raise CheckpointCorruptError(f"writer state: cursor {cursor} is past the storage's capacity {storage.max_size}")
 
         generation = None
@@ -354,7 +354,7 @@ def storage_codec(storage: Any) -> Codec:
         CheckpointMismatchError: ``storage.checkpointer`` is set to something that is not a gpubuf
             checkpointer (e.g. one of TorchRL's, which writes pickles).
     """
-    checkpointer = getattr(storage, "checkpointer", None)
+    checkpointer = storage.checkpointer
     if checkpointer is None:
         return codec_for(storage)
     if not isinstance(checkpointer, Codec):

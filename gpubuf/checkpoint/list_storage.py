@@ -10,6 +10,7 @@ from gpubuf.checkpoint.errors import CheckpointCorruptError, CheckpointMismatchE
 from gpubuf.checkpoint.format import require, require_int
 from gpubuf.checkpoint.values import Decoder, Encoder
 from gpubuf.storages._layout import is_tensor_collection
+from gpubuf.storages.compressed import CompressedListStorage
 
 __all__ = ["ListStorageCheckpointer", "CompressedListStorageCheckpointer"]
 
@@ -85,8 +86,8 @@ class CompressedListStorageCheckpointer(StorageCheckpointerBase):
     name = "compressed_list_storage"
 
     def to_checkpoint(self, storage: Any, context: Context) -> tuple[dict, dict]:
-        rows_state = getattr(storage, "rows_state", None)
-        rows = rows_state() if callable(rows_state) else None
+        check_kind(storage, CompressedListStorage, "compressed list storage")
+        rows = storage.rows_state()
         if rows is None:
             return StateDictCodec().to_checkpoint(storage, context)
         encoder, arrays = Encoder.collecting("r")
@@ -95,10 +96,7 @@ class CompressedListStorageCheckpointer(StorageCheckpointerBase):
     def from_checkpoint(self, storage: Any, state: dict, arrays: Mapping[str, Any], context: Context) -> Apply:
         if not (isinstance(state, dict) and state.get("mode") == "rows"):
             return StateDictCodec().from_checkpoint(storage, state, arrays, context)
-        if not callable(getattr(storage, "load_rows_state", None)):
-            raise CheckpointMismatchError(
-                f"the checkpoint holds a compressed list storage's rows, the buffer's storage is a {type(storage).__name__}"
-            )
+        check_kind(storage, CompressedListStorage, "compressed list storage's rows")
         value = Decoder(lambda name: _array(arrays, name)).decode(state.get("rows"), "rows state")
         if not isinstance(value, dict) or not {"stack_keys", "key_interval", "len", "rows"} <= value.keys():
             raise CheckpointCorruptError("compressed list storage: the rows state lacks entries")

@@ -135,7 +135,7 @@ class PrioritizedSamplerCodec(Codec):
         reduction = state.get("reduction", sampler.reduction)
         if reduction not in ("max", "min", "median", "mean"):
             raise CheckpointCorruptError(f"{where}: unknown reduction {reduction!r}")
-        if getattr(sampler, "shares_memory", False):
+        if sampler.shares_memory:
             return _apply_shared(sampler, tree, (alpha, beta, eps), max_priority, reduction, state)
         shadow, apply = shadow_of(sampler)
         shadow._tree = tree

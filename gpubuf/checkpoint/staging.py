@@ -102,7 +102,7 @@ def staging_for(storage: Any, codec: Any) -> Staging | None:
     Only the plain tensor-storage checkpointer writes the leaves as the storage's own files (the
     compact ones, TorchRL's TED formats, write other arrays); load hooks make new leaves.
     """
-    if not isinstance(storage, LazyMemmapStorage) or getattr(codec, "name", None) != "tensor_storage":
+    if not isinstance(storage, LazyMemmapStorage) or codec.name != "tensor_storage":
         return None
     if storage.initialized or storage._state.shared or storage._load_hooks:
         return None

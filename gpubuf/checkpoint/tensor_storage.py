@@ -293,10 +293,10 @@ register_codec("gpubuf.storages.memmap.LazyMemmapStorage", TensorStorageCheckpoi
 def _tell_hooks_the_ring(storage: Any, hooks: list, context: Context) -> None:
     """Sets ``is_full`` and ``shift`` (one past the last row written) on the save hooks that have
     them (TorchRL's TED hooks), as TorchRL's checkpointers do."""
-    writer = getattr(getattr(context, "buffer", None), "_writer", None)
-    cap0 = getattr(storage, "_capacity_along_dim0", None) or storage.max_size
-    if writer is not None and getattr(writer, "_write_count", 0):
-        shift = (writer._cursor - 1) % cap0 + 1
+    buffer = context.buffer
+    writer = None if buffer is None else buffer._writer
+    if writer is not None and writer._write_count:
+        shift = (writer._cursor - 1) % storage._max_size_along_dim0() + 1
     else:
         shift = len(storage)
     for hook in hooks:

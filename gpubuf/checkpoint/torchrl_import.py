@@ -215,7 +215,7 @@ def _storage(reader: _Reader, buffer: Any) -> tuple[dict, dict]:
     is_pytree = require(smeta, "is_pytree", bool, where)
     length = require_int(smeta, "len", where)
     storage = buffer._storage if buffer is not None else None
-    ndim = getattr(storage, "ndim", 1)
+    ndim = storage.ndim if storage is not None else 1
     arrays: dict[str, str] = {}
     if not is_pytree:
         root = reader.json("storage/meta.json")
@@ -331,7 +331,7 @@ def _h5_storage(reader: _Reader, buffer: Any) -> dict:
         compact["__nested__"].append((key, torch.cat([t[key] for t in order])))
     if isinstance(compact.get("_storage_shape"), int):
         compact["_storage_shape"] = [compact["_storage_shape"]]
-    return {"compact": compact, "length": int(compact["_len"]), "ndim": getattr(getattr(buffer, "_storage", None), "ndim", 1)}
+    return {"compact": compact, "length": int(compact["_len"]), "ndim": buffer._storage.ndim if buffer is not None else 1}
 
 
 CLIST_INDICES = "storage/data_indices.json"
@@ -503,7 +503,7 @@ def _pytree_layout(reader: _Reader, smeta: dict, storage: Any, arrays: dict) -> 
         return Layout("tensor", [LeafSpec((), dtype, shape[1:])], (), None, None), None
     # TorchRL records the leaves' paths but not the tree's node types: as TorchRL itself requires,
     # the target storage must already hold data of the same structure.
-    target = getattr(storage, "_layout", None)
+    target = storage.layout if storage is not None else None
     if target is None or target.kind != "pytree":
         raise CheckpointMismatchError(
             "this TorchRL checkpoint holds a pytree storage, whose structure TorchRL does not record: extend the "

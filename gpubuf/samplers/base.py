@@ -20,6 +20,10 @@ class Sampler:
     _rng: torch.Generator | None = None
     #: The ops' backend (``gpubuf.ops._dispatch``): ``"auto"``, or what the buffer was built with.
     _backend = "auto"
+    #: How a buffer of TensorDicts reduces per-item priorities with trailing dims to one per
+    #: item (``"max"``, ``"min"``, ``"mean"`` or ``"median"``); prioritized samplers take it as
+    #: an argument.
+    reduction = "max"
 
     def sample(self, storage: Any, batch_size: int) -> tuple[Any, dict]:
         raise NotImplementedError

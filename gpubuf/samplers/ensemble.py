@@ -19,6 +19,7 @@ from gpubuf.errors import (
     UnsupportedDataError,
 )
 from gpubuf.samplers.base import Sampler
+from gpubuf.storages.ensemble import StorageEnsemble
 
 __all__ = ["SamplerEnsemble", "EnsembleBatchSizeError"]
 
@@ -144,7 +145,7 @@ class SamplerEnsemble(Sampler):
             raise EnsembleBatchSizeError(
                 f"The batch size must be divisible by num_buffer_sampled: {batch_size} % {count} != 0"
             )
-        members = getattr(storage, "_storages", None)
+        members = storage._storages if isinstance(storage, StorageEnsemble) else None
         if members is None or len(members) != len(self._samplers):
             raise UnsupportedDataError(
                 f"SamplerEnsemble of {len(self._samplers)} samplers needs a StorageEnsemble of as many"

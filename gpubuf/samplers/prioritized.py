@@ -131,6 +131,9 @@ class PrioritizedSampler(Sampler):
     """
 
     _STATE_SCHEMA_VERSION: int = 1
+    #: Whether the tree lives in memory other processes map (a loaded state is then copied into
+    #: it rather than replacing it).
+    shares_memory = False
 
     def __init__(
         self,
@@ -301,7 +304,7 @@ class PrioritizedSampler(Sampler):
 
     def _rest_shape(self, storage: Any, coords: torch.Tensor) -> tuple[int, ...]:
         """Sizes of storage dims ``1..ndim-1``, to turn coordinates into flat indices."""
-        shape = getattr(storage, "shape", None) if storage is not None else None
+        shape = storage.shape if storage is not None else None
         if shape is not None and len(shape) == coords.shape[-1]:
             return tuple(int(s) for s in shape[1:])
         # Without the storage (a plain buffer tells the sampler about writes without it), the
@@ -329,7 +332,7 @@ class PrioritizedSampler(Sampler):
         index = index.to(device=device, dtype=torch.long)
         if index.ndim <= 1:
             return index.reshape(-1)
-        ndim = getattr(storage, "ndim", None) if storage is not None else None
+        ndim = storage.ndim if storage is not None else None
         if index.ndim != 2 or (ndim is not None and index.shape[-1] != ndim) or index.shape[-1] < 2:
             raise SchemaMismatchError(
                 f"an index of shape {list(index.shape)} does not address a storage of ndim {ndim}: expected [B] "

@@ -697,7 +697,7 @@ class SliceSampler(Sampler):
         another form (then :meth:`_finish` reads them)."""
         # Kept while the storage's leaves, the index's rows and device, and the keys are the same
         # (the leaves list is replaced whenever the storage allocates anew).
-        cache_key = (id(storage), getattr(storage, "_leaves", None), index.capacity, index.device,
+        cache_key = (id(storage), storage._row_sources, index.capacity, index.device,
                      self.truncated_key, self.init_key)
         cached = self._flags_cache
         if cached is not None and cached[0][0] == cache_key[0] and all(

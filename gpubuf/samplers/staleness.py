@@ -75,7 +75,7 @@ class StalenessAwareSampler(Sampler):
 
     def _versions(self, storage: Any, n: int) -> torch.Tensor | None:
         layout = storage.layout
-        leaves = getattr(storage, "_flat_leaves", None)
+        leaves = storage._row_sources
         key = (self._version_key,) if isinstance(self._version_key, str) else tuple(self._version_key)
         if layout is not None and leaves and storage.ndim == 1:
             position = layout.index_of(key)

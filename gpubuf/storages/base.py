@@ -252,6 +252,17 @@ class Storage:
     def _max_size_along_dim0(self, *, single_data: Any = None, batched_data: Any = None) -> int:
         return self.max_size
 
+    #: The item count of a storage that keeps one (its length); None where the length follows
+    #: the contents (a list's).
+    _len: int | None = None
+
+    def _cover_row(self, top: int) -> None:
+        """Makes the length cover dim-0 row ``top``, just written at an explicit index (a writer's
+        ``write_at``), without moving any cursor. A storage whose length follows its contents
+        (``_len`` None) has nothing to do."""
+        if self._len is not None and top >= len(self):
+            self._len = min(top + 1, self.max_size)
+
     def _rand_given_ndim(self, batch_size: int) -> torch.Tensor:
         return torch.randint(0, len(self), (batch_size,), generator=self._rng)
 

@@ -158,11 +158,8 @@ class RoundRobinWriter(Writer):
         self._write_at(index, data)
         self._write_count += 1 if single else index.numel()
         self._bump_generation(index)
-        storage = self._storage
-        if hasattr(storage, "_len"):
-            top = int(index) if single else (int(index.max()) if index.numel() else -1)
-            if top >= len(storage):
-                storage._len = min(top + 1, storage.max_size)
+        top = int(index) if single else (int(index.max()) if index.numel() else -1)
+        self._storage._cover_row(top)
         return self._replicate_index(index)
 
     def _write_at(self, index: Any, data: Any) -> None:
