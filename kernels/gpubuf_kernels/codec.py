@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpubuf_kernels._launch import launch
+from gpubuf_kernels._launch import cdiv, launch
 
 __all__ = ["decode_rows_triton", "DECODE_ROWS", "SPECIALIZATIONS"]
 
@@ -386,7 +386,7 @@ def decode_rows_triton(table, index: torch.Tensor, out: torch.Tensor, *, verify:
     entry = torch.zeros(2 * B, L, 2, dtype=torch.int64, device=device)
     cfg = DECODE_ROWS
     refs = table.refs if table.refs is not None else table.lengths
-    n_chunks = triton.cdiv(L, cfg["LINES"])
+    n_chunks = cdiv(L, cfg["LINES"])
     runs_bad = torch.zeros(B, n_chunks, dtype=torch.int32, device=device)
     out_bytes = out.view(torch.uint8).view(B, -1)
     guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()

@@ -47,14 +47,14 @@ negative bit cannot be described by one address and stride; the launcher gathers
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 import triton
 import triton.language as tl
 
 from gpubuf_kernels._config import GATHER_ROWS
-from gpubuf_kernels._launch import check_launch_device, device_guard, launch, unit_bytes
+from gpubuf_kernels._launch import cdiv, check_launch_device, device_guard, launch, unit_bytes
 from gpubuf_kernels._tables import device_table
 
 __all__ = ["gather_rows_triton", "SPECIALIZATIONS", "OUT_ALIGN"]
@@ -230,7 +230,7 @@ def _is_pow2(x: int) -> bool:
     return isinstance(x, int) and x > 0 and x & (x - 1) == 0
 
 
-def _validate(sources: list[torch.Tensor], index: torch.Tensor, outs: list[torch.Tensor] | None) -> None:
+def _validate_sources(sources: list[torch.Tensor]) -> None:
     if not sources:
         raise ValueError("gather_rows_triton needs at least one source tensor")
     for i, src in enumerate(sources):
@@ -240,11 +240,6 @@ def _validate(sources: list[torch.Tensor], index: torch.Tensor, outs: list[torch
             raise TypeError(f"source #{i} has layout {src.layout}; only strided (dense) tensors can be gathered")
         if src.ndim == 0:
             raise ValueError(f"source #{i} is a scalar; expected a tensor of shape [N, ...]")
-    if not isinstance(index, torch.Tensor):
-        raise TypeError(f"index must be a torch.Tensor, got {type(index).__name__}")
-    if index.ndim != 1 or index.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"index must be a 1-D int64 or int32 tensor, got {index.dtype} of shape {list(index.shape)}")
-
     device = sources[0].device
     check_launch_device(device, "gather_rows_triton")
     rows = sources[0].shape[0]
@@ -253,11 +248,19 @@ def _validate(sources: list[torch.Tensor], index: torch.Tensor, outs: list[torch
             raise ValueError(f"source #{i} is on {src.device}, expected {device} like source #0")
         if src.shape[0] != rows:
             raise ValueError(f"source #{i} has {src.shape[0]} rows, expected {rows} like source #0")
+
+
+def _validate_index(index: torch.Tensor, device: torch.device) -> None:
+    if not isinstance(index, torch.Tensor):
+        raise TypeError(f"index must be a torch.Tensor, got {type(index).__name__}")
+    if index.ndim != 1 or index.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"index must be a 1-D int64 or int32 tensor, got {index.dtype} of shape {list(index.shape)}")
     if index.device != device:
         raise ValueError(f"index is on {index.device}, expected the sources' device {device}")
 
-    if outs is None:
-        return
+
+def _validate_outs(sources: list[torch.Tensor], index: torch.Tensor, outs: list[torch.Tensor]) -> None:
+    device = sources[0].device
     if len(outs) != len(sources):
         raise ValueError(f"got {len(outs)} outputs for {len(sources)} sources")
     for i, (src, out) in enumerate(zip(sources, outs)):
@@ -274,6 +277,96 @@ def _validate(sources: list[torch.Tensor], index: torch.Tensor, outs: list[torch
             raise ValueError(f"out #{i} must be a contiguous strided tensor")
         if out.is_conj() or out.is_neg():
             raise ValueError(f"out #{i} is a lazy conjugate/negative view; pass a resolved tensor")
+
+
+class _Plan(NamedTuple):
+    """What a launch with launcher-allocated outputs needs of its sources, whatever the batch.
+
+    Built once per set of sources (:func:`_plan_for`): a storage hands the same leaves to every
+    sample, so the per-call work is the output buffer, its views and the launch.
+    """
+
+    #: The pointer table's values, row after row (the device copy is :func:`device_table`'s).
+    entries: tuple[int, ...]
+    #: ``(source, piece)``: the piece of the split output buffer that is source ``source``'s output.
+    fields: tuple[tuple[int, int], ...]
+    #: Bytes per batch row of each piece of the output buffer, in order: a field, then its
+    #: padding to :data:`OUT_ALIGN` where it has any.
+    pieces: tuple[int, ...]
+    #: Sources whose rows are not dense: gathered with ``index_select`` into their own outputs.
+    others: tuple[int, ...]
+    #: Column steps of the widest row (the grid's third dim at most).
+    steps: int
+
+
+def _signature(sources: list[torch.Tensor]) -> tuple:
+    return tuple((src.data_ptr(), src.shape, src.stride(), src.dtype) for src in sources)
+
+
+def _source_entry(src: torch.Tensor, n_rows: int, out_off: int, out_per_batch: int, out_addr: int | None) -> tuple:
+    """``(table row, steps)`` of one dense source; ``out_addr`` is a given output's address (it
+    takes part in the unit's alignment), None for an output in the launcher's buffer."""
+    row_bytes = math.prod(src.shape[1:]) * src.element_size()
+    src_addr = src.data_ptr()
+    # With one row only index 0 is ever read, so the row stride is free; 0 keeps it from
+    # narrowing the unit.
+    stride_bytes = src.stride(0) * src.element_size() if n_rows > 1 else 0
+    if out_addr is None:
+        unit = unit_bytes(row_bytes, src_addr, stride_bytes)
+    else:
+        unit = unit_bytes(row_bytes, src_addr, out_addr, stride_bytes)
+    elem = min(unit, 8)  # 16-byte units are moved as pairs of int64
+    row_units = row_bytes // elem
+    kind = _kind(unit, row_units)
+    steps = cdiv(row_units, 2 * _WIDE_COLS.value if kind == 0 else _WIDE_COLS.value) if kind <= 4 else 1
+    return [src_addr, out_off, out_per_batch, row_units, stride_bytes // elem, kind, 0, 0], steps
+
+
+def _is_dense(src: torch.Tensor) -> bool:
+    """Whether the kernel can copy ``src``'s rows as raw bytes (each row one block, no lazy bits)."""
+    row_bytes = math.prod(src.shape[1:]) * src.element_size()
+    return row_bytes > 0 and not (src.is_conj() or src.is_neg()) and _rows_contiguous(src)
+
+
+def _build_plan(sources: list[torch.Tensor]) -> _Plan:
+    n_rows = sources[0].shape[0]
+    entries: list[int] = []
+    fields, pieces, others = [], [], []
+    prefix = 0
+    steps = 1
+    for i, src in enumerate(sources):
+        if not _is_dense(src):
+            others.append(i)
+            continue
+        # Field after field in one buffer, each at a multiple of OUT_ALIGN bytes.
+        row, src_steps = _source_entry(src, n_rows, 0, prefix, None)
+        entries += row
+        steps = max(steps, src_steps)
+        row_bytes = math.prod(src.shape[1:]) * src.element_size()
+        padded = cdiv(row_bytes, OUT_ALIGN) * OUT_ALIGN
+        fields.append((i, len(pieces)))
+        pieces.append(row_bytes)
+        if padded > row_bytes:
+            pieces.append(padded - row_bytes)
+        prefix += padded
+    return _Plan(tuple(entries), tuple(fields), tuple(pieces), tuple(others), steps)
+
+
+#: ``(sources, signature, plan)`` of the last sources planned: checked by identity and by
+#: signature (address, shape, strides, dtype), so a tensor changed in place is planned anew.
+_LAST_PLAN: list = [None]
+
+
+def _plan_for(sources: list[torch.Tensor]) -> _Plan:
+    """The plan of ``sources``, validated; the last one is kept (see :data:`_LAST_PLAN`)."""
+    last = _LAST_PLAN[0]
+    if last is not None and len(last[0]) == len(sources) and all(a is b for a, b in zip(last[0], sources)):
+        if last[1] == _signature(sources):
+            return last[2]
+    _validate_sources(sources)
+    plan = _build_plan(sources)
+    _LAST_PLAN[0] = (tuple(sources), _signature(sources), plan)
+    return plan
 
 
 def gather_rows_triton(
@@ -319,55 +412,22 @@ def gather_rows_triton(
             an unsupported device, or an output of the wrong count, shape, device or layout.
     """
     sources = list(sources)
-    outs = None if outs is None else list(outs)
-    _validate(sources, index, outs)
-
-    device = sources[0].device
+    if outs is None:
+        plan = _plan_for(sources)
+        device = sources[0].device
+        check_launch_device(device, "gather_rows_triton")
+        _validate_index(index, device)
+        outs, out_base = _allocated_outputs(sources, index, plan)
+        entries, steps = plan.entries, plan.steps
+    else:
+        outs = list(outs)
+        _validate_sources(sources)
+        device = sources[0].device
+        _validate_index(index, device)
+        _validate_outs(sources, index, outs)
+        entries, steps = _given_outputs(sources, index, outs)
+        out_base = 0
     batch = index.shape[0]
-    n_rows = sources[0].shape[0]
-    index = index.contiguous()
-    given = outs is not None
-    if not given:
-        outs = [None] * len(sources)
-    entries: list[int] = []
-    fields: list[tuple[int, int, int]] = []  # (source, prefix bytes, row bytes) of the output buffer
-    prefix = 0
-    steps = 1  # column steps of the widest row
-    for i, src in enumerate(sources):
-        row_bytes = math.prod(src.shape[1:]) * src.element_size()
-        dense = row_bytes > 0 and not (src.is_conj() or src.is_neg()) and _rows_contiguous(src)
-        if not dense:
-            if outs[i] is None:
-                outs[i] = torch.empty((batch, *src.shape[1:]), dtype=src.dtype, device=device)
-            if row_bytes and batch:
-                torch.index_select(src, 0, index, out=outs[i])
-            continue
-        src_addr = src.data_ptr()
-        # With one row only index 0 is ever read, so the row stride is free; 0 keeps it from
-        # narrowing the unit.
-        stride_bytes = src.stride(0) * src.element_size() if n_rows > 1 else 0
-        if given:
-            out_off, out_per_batch = outs[i].data_ptr(), 0
-            unit = unit_bytes(row_bytes, src_addr, out_off, stride_bytes)
-        else:
-            # Field after field in one buffer, each at a multiple of OUT_ALIGN bytes.
-            out_off, out_per_batch = 0, prefix
-            unit = unit_bytes(row_bytes, src_addr, stride_bytes)
-            fields.append((i, prefix, row_bytes))
-            prefix += -(-row_bytes // OUT_ALIGN) * OUT_ALIGN
-        elem = min(unit, 8)  # 16-byte units are moved as pairs of int64
-        row_units = row_bytes // elem
-        kind = _kind(unit, row_units)
-        entries += [src_addr, out_off, out_per_batch, row_units, stride_bytes // elem, kind, 0, 0]
-        if kind <= 4:
-            steps = max(steps, triton.cdiv(row_units, 2 * _WIDE_COLS.value if kind == 0 else _WIDE_COLS.value))
-    out_base = 0
-    if fields:
-        buffer = torch.empty(batch * prefix, dtype=torch.uint8, device=device)
-        out_base = buffer.data_ptr()
-        for i, start, row_bytes in fields:
-            view = buffer[batch * start : batch * (start + row_bytes)]
-            outs[i] = view.view(sources[i].dtype).view(batch, *sources[i].shape[1:])
     if batch == 0 or not entries:
         return outs
 
@@ -375,27 +435,70 @@ def gather_rows_triton(
     block_rows = cfg["BLOCK_ROWS"]
     if not _is_pow2(block_rows):
         raise ValueError(f"GATHER_ROWS config needs BLOCK_ROWS a power of two, got {cfg}")
-    row_blocks = triton.cdiv(batch, block_rows)
+    row_blocks = cdiv(batch, block_rows)
     if row_blocks > _MAX_ROW_BLOCKS:
         raise ValueError(f"batch of {batch} rows needs {row_blocks} programs, above the grid limit {_MAX_ROW_BLOCKS}")
     n_sources = len(entries) // _TABLE_COLS.value
     # Enough programs to fill the device: small batches spread their sources, then the column
     # steps of wide rows, over more programs; large batches give each program every source.
     target = cfg["TARGET_PROGRAMS"]
-    groups = max(1, min(n_sources, triton.cdiv(target, row_blocks), _MAX_GRID_Y))
-    splits = max(1, min(steps, triton.cdiv(target, row_blocks * groups), _MAX_GRID_Y))
-    table = device_table(tuple(entries), _TABLE_COLS.value, device)
+    groups = max(1, min(n_sources, cdiv(target, row_blocks), _MAX_GRID_Y))
+    splits = max(1, min(steps, cdiv(target, row_blocks * groups), _MAX_GRID_Y))
+    table = device_table(entries, _TABLE_COLS.value, device)
     with device_guard(device):
         launch(
             _gather_rows_kernel,
             (row_blocks, groups, splits),
             table,
-            index,
+            index.contiguous(),
             out_base,
-            n_rows,
+            sources[0].shape[0],
             batch,
             n_sources,
             BLOCK_ROWS=block_rows,
             num_warps=cfg["num_warps"],
         )
     return outs
+
+
+def _allocated_outputs(sources: list[torch.Tensor], index: torch.Tensor, plan: _Plan) -> tuple[list, int]:
+    """Outputs as views of one new buffer laid out as ``plan`` says, and the sources that are
+    not dense gathered into their own; returns ``(outs, the buffer's address)``."""
+    batch = index.shape[0]
+    device = sources[0].device
+    outs: list = [None] * len(sources)
+    for i in plan.others:
+        src = sources[i]
+        outs[i] = torch.empty((batch, *src.shape[1:]), dtype=src.dtype, device=device)
+        if math.prod(src.shape[1:]) and batch:
+            torch.index_select(src, 0, index, out=outs[i])
+    out_base = 0
+    if plan.fields:
+        buffer = torch.empty(batch * sum(plan.pieces), dtype=torch.uint8, device=device)
+        # (split_with_sizes itself: Tensor.split's Python wrapper costs as much again.)
+        pieces = buffer.split_with_sizes([batch * size for size in plan.pieces]) if len(plan.pieces) > 1 else (buffer,)
+        for i, piece in plan.fields:
+            src = sources[i]
+            view = pieces[piece] if src.dtype == torch.uint8 else pieces[piece].view(src.dtype)
+            outs[i] = view if src.ndim == 1 else view.view(batch, *src.shape[1:])
+        out_base = buffer.data_ptr()
+    return outs, out_base
+
+
+def _given_outputs(sources: list[torch.Tensor], index: torch.Tensor, outs: list[torch.Tensor]) -> tuple[tuple, int]:
+    """Table entries addressing the given outputs (the sources that are not dense are gathered
+    into theirs with ``index_select``); returns ``(entries, steps)``."""
+    n_rows = sources[0].shape[0]
+    batch = index.shape[0]
+    entries: list[int] = []
+    steps = 1
+    for i, src in enumerate(sources):
+        if not _is_dense(src):
+            if math.prod(src.shape[1:]) and batch:
+                torch.index_select(src, 0, index, out=outs[i])
+            continue
+        address = outs[i].data_ptr()
+        row, src_steps = _source_entry(src, n_rows, address, 0, address)
+        entries += row
+        steps = max(steps, src_steps)
+    return tuple(entries), steps

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpubuf_kernels._launch import check_launch_device, device_guard, launch, unit_bytes
+from gpubuf_kernels._launch import cdiv, check_launch_device, device_guard, launch, unit_bytes
 from gpubuf_kernels._tables import device_table
 
 __all__ = ["gather_packed_triton", "GATHER_PACKED", "SPECIALIZATIONS", "OUT_ALIGN"]
@@ -256,7 +256,7 @@ def gather_packed_triton(
     if batch == 0 or total == 0 or not entries:
         return outs, offsets
     table = device_table(tuple(entries), _TABLE_COLS.value, device)
-    chunks = max(1, min(triton.cdiv(max_length * max_token_bytes, block_bytes), _MAX_AXIS))
+    chunks = max(1, min(cdiv(max_length * max_token_bytes, block_bytes), _MAX_AXIS))
     index = index.contiguous()
     with device_guard(device):
         for first in range(0, table.shape[0], _MAX_AXIS):

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from gpubuf_kernels._config import SLICE_WINDOWS
-from gpubuf_kernels._launch import check_launch_device, device_guard, interpreter_enabled, launch
+from gpubuf_kernels._launch import cdiv, check_launch_device, device_guard, interpreter_enabled, launch, next_power_of_2
 from gpubuf_kernels.sumtree import _draw_leaves, _importance_weight
 
 __all__ = ["slice_windows_triton", "sumtree_windows_triton", "SPECIALIZATIONS"]
@@ -111,8 +111,8 @@ def slice_windows_triton(
     if num_slices == 0:
         return rows, marks
     block = block or SLICE_WINDOWS["BLOCK"]
-    block_l = triton.next_power_of_2(seq_length)
-    grid = (triton.cdiv(num_slices, block),)
+    block_l = next_power_of_2(seq_length)
+    grid = (cdiv(num_slices, block),)
     launch(
         _slice_windows_kernel, grid, slots, start, stop, front, back, uniforms,
         *(marks if f is None else f for f in flags), rows, marks, num_slices, capacity, lower, seq_length,
@@ -217,11 +217,11 @@ def sumtree_windows_triton(
     weights = torch.empty(n, dtype=tree.leaves.dtype, device=device)
     if num_slices == 0:
         return rows, marks, weights
-    block_l = triton.next_power_of_2(seq_length)
+    block_l = next_power_of_2(seq_length)
     block = block or _tree_block(block_l)
     with device_guard(device):
         launch(
-            _sumtree_windows_kernel, (triton.cdiv(num_slices, block),),
+            _sumtree_windows_kernel, (cdiv(num_slices, block),),
             tree.leaves, tree.sums, tree.mins, tree.offsets_tensor(), uniforms, tree.flags, held_min,
             *(marks if f is None else f for f in flags), rows, marks, weights, num_slices, capacity, seq_length,
             float(beta), DEPTH=tree.depth, FANOUT=tree.fanout, STRATIFIED=stratified, BLOCK=block,

@@ -53,7 +53,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from gpubuf_kernels._config import SUMTREE
-from gpubuf_kernels._launch import check_launch_device, device_guard, interpreter_enabled, launch
+from gpubuf_kernels._launch import cdiv, check_launch_device, device_guard, interpreter_enabled, launch
 
 __all__ = ["ERROR_BITS", "SPECIALIZATIONS", "sumtree_sample_triton", "sumtree_update_triton"]
 
@@ -448,7 +448,7 @@ def sumtree_update_triton(
     rows = torch.empty(n, dtype=torch.int64, device=device)
     max_bits = (max_priority if max_priority is not None else torch.full((1,), -float("inf"), dtype=torch.float64, device=device)).view(torch.int64)
     blk = block or SUMTREE["BLOCK"]
-    grid = (triton.cdiv(n, blk),)
+    grid = (cdiv(n, blk),)
     warps = SUMTREE["num_warps"]
     with device_guard(device):
         launch(
@@ -521,7 +521,7 @@ def sumtree_sample_triton(
     blk = block or SUMTREE["SAMPLE_BLOCK"]
     with device_guard(device):
         launch(
-            _sumtree_sample_kernel, (triton.cdiv(n, blk),),
+            _sumtree_sample_kernel, (cdiv(n, blk),),
             tree.leaves, tree.sums, tree.mins, tree.offsets_tensor(), uniforms, index, value,
             value if weight is None else weight, tree.flags, n, 0.0 if beta is None else float(beta),
             DEPTH=tree.depth, FANOUT=tree.fanout, STRATIFIED=stratified, HAS_WEIGHTS=beta is not None,

@@ -13,7 +13,9 @@ import torch
 from gpubuf.ops.gather_rows import gather_rows, gather_rows_ref
 from gpubuf_kernels import gather as gather_mod
 from gpubuf_kernels._config import GATHER_ROWS
-from gpubuf_kernels._launch import unit_bytes
+import triton
+
+from gpubuf_kernels._launch import cdiv, next_power_of_2, unit_bytes
 from gpubuf_kernels.gather import gather_rows_triton
 from helpers import DTYPES
 
@@ -150,6 +152,51 @@ def test_row_byte_sizes(row_bytes, kernel_device, gen):
 )
 def test_unit_choice(row_bytes, src_addr, out_addr, stride, unit):
     assert unit_bytes(row_bytes, src_addr, out_addr, stride) == unit
+
+
+def test_launch_arithmetic_matches_triton():
+    """The launchers' integer helpers give what Triton's constexpr functions give."""
+    for a in range(0, 300):
+        for b in range(1, 40):
+            assert cdiv(a, b) == triton.cdiv(a, b)
+    for n in list(range(0, 2100)) + [2**31 - 1, 2**31, 2**31 + 1]:
+        assert next_power_of_2(n) == triton.next_power_of_2(n)
+
+
+def test_a_kept_plan_follows_its_sources(kernel_device, gen):
+    """The launcher keeps the plan of the last sources: the same sources gather right again, and a
+    source replaced in place (other storage, other row width) or another set of sources is
+    planned anew, never read through the old plan."""
+    a = _source(50, (3,), torch.float32, kernel_device, gen)
+    b = _source(50, (), torch.int64, kernel_device, gen)
+    index = _index([3, 49, 0, 7, 7], kernel_device)
+    for _ in range(2):
+        got = gather_rows_triton([a, b], index)
+        for out, src in zip(got, (a, b)):
+            _assert_same(out, gather_rows_ref([src], index)[0])
+    # The same tensor objects, new memory and a wider row.
+    a.set_(_source(60, (5,), torch.float32, kernel_device, gen))
+    b.set_(_source(60, (2,), torch.int64, kernel_device, gen))
+    got = gather_rows_triton([a, b], index)
+    assert [tuple(g.shape) for g in got] == [(5, 5), (5, 2)]
+    for out, src in zip(got, (a, b)):
+        _assert_same(out, gather_rows_ref([src], index)[0])
+    # Another set of sources, then back to the first.
+    c = _source(50, (7,), torch.uint8, kernel_device, gen)
+    _assert_same(gather_rows_triton([c], index)[0], gather_rows_ref([c], index)[0])
+    got = gather_rows_triton([a, b], index)
+    for out, src in zip(got, (a, b)):
+        _assert_same(out, gather_rows_ref([src], index)[0])
+
+
+def test_a_kept_plan_still_checks_the_index(kernel_device, gen):
+    """With the sources' plan kept, a malformed index is still refused before any launch."""
+    a = _source(20, (2,), torch.float32, kernel_device, gen)
+    gather_rows_triton([a], _index([1, 2], kernel_device))
+    with pytest.raises(TypeError, match="1-D int64 or int32"):
+        gather_rows_triton([a], torch.zeros(2, 2, dtype=torch.int64, device=kernel_device))
+    with pytest.raises(TypeError, match="1-D int64 or int32"):
+        gather_rows_triton([a], torch.zeros(2, dtype=torch.float32, device=kernel_device))
 
 
 @pytest.mark.parametrize("offset", [1, 2, 3, 4, 8])
