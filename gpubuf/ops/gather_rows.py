@@ -6,17 +6,14 @@ This is the op under every sample: a storage keeps each field (leaf) as a tensor
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
-import numpy as np
 import torch
 
 from gpubuf.errors import SchemaMismatchError
 from gpubuf.ops import _checks
 from gpubuf.host_memory import LARGE_OUTPUT_BYTES, empty_host
-from gpubuf.ops._dispatch import device_path, implementation, numba_enabled, resolve
-from gpubuf.ops._memo import LastByIdentity
+from gpubuf.ops._dispatch import device_path, implementation, resolve
 
 __all__ = ["gather_rows", "gather_rows_ref"]
 
@@ -79,12 +76,12 @@ def gather_rows(
 ) -> list[torch.Tensor]:
     """Gathers rows ``index`` of every source; see :func:`gather_rows_ref` for the specification.
 
-    CUDA tensors go to one Triton launch for all sources. On CPU the twin copies the rows, after
-    the compiled kernel has prefetched them where that pays (:func:`_gather_host`).
+    CUDA tensors go to one Triton launch for all sources. On CPU the twin copies the rows
+    (``index_select`` per source; there is no compiled CPU gather, see :func:`gather_rows_trusted`).
 
     Args:
         sources, index, outs: as in :func:`gather_rows_ref`.
-        backend: ``"auto"`` (by device), ``"torch"``, ``"triton"`` or ``"numba"`` (see
+        backend: ``"auto"`` (by device), ``"torch"`` or ``"triton"`` (see
             :mod:`gpubuf.ops._dispatch`).
         check_bounds: verify ``0 <= index < N`` first and raise
             :class:`~gpubuf.errors.IndexOutOfRangeError` otherwise. On CUDA this synchronises;
@@ -94,7 +91,8 @@ def gather_rows(
         TypeError, ValueError, SchemaMismatchError, DTypeMismatchError, DeviceMismatchError:
             malformed arguments, before anything is written.
         IndexOutOfRangeError: an index outside ``[0, N)`` with ``check_bounds=True``.
-        BackendUnavailableError: ``backend="triton"`` or ``"numba"`` where it cannot run.
+        BackendUnavailableError: ``backend="triton"`` where it cannot run, or ``"numba"`` (the
+            op has no compiled CPU kernel).
     """
     _check(sources, index, outs)
     which = resolve("gather_rows", sources[0], backend)
@@ -102,8 +100,6 @@ def gather_rows(
         _checks.check_index_range(index, sources[0].shape[0])
     if which == "triton":
         return implementation("gather_rows", "triton")(list(sources), index, None if outs is None else list(outs))
-    if which == "numba":
-        _prefetch_if_it_pays(sources, index)
     return gather_rows_ref(sources, index, outs)
 
 
@@ -124,74 +120,13 @@ def gather_rows_trusted(sources: Sequence[torch.Tensor], index: torch.Tensor, *,
     if index.is_cuda or backend == "torch":
         return [torch.index_select(src, 0, index) for src in sources]
     b = index.shape[0]
-    # Contiguous rows: ``stride(0)`` elements each (cheaper than forming the shape).
-    widths = [src.stride(0) * src.element_size() for src in sources]
-    if _prefetch_pays(b) and numba_enabled():
-        _prefetch_rows(sources, widths, index)
+    # ``index_select`` alone is the CPU gather: software prefetch of the rows before the copies
+    # was measured against it and cost time (1M rows of 277 B, 256 to 4,096 random rows, tensor
+    # and memory-mapped storages). A large result goes on huge pages where the process asked for
+    # them (see :mod:`~gpubuf.host_memory`); contiguous rows are ``stride(0)`` elements each.
     return [
-        torch.index_select(src, 0, index) if b * width < LARGE_OUTPUT_BYTES else _index_select_host(src, index)
-        for src, width in zip(sources, widths)
+        torch.index_select(src, 0, index)
+        if b * src.stride(0) * src.element_size() < LARGE_OUTPUT_BYTES
+        else torch.index_select(src, 0, index, out=empty_host((b, *src.shape[1:]), src.dtype))
+        for src in sources
     ]
-
-
-#: A CPU gather of fewer rows than this copies them without prefetching: below it the call costs
-#: about what it saves (1.00 to 1.02 times the time at 64 rows, 1.02 to 1.05 at 16).
-PREFETCH_MIN_ROWS = 128
-
-#: A CPU gather of more rows than this copies them without prefetching: ``index_select`` then
-#: has enough independent reads in flight by itself, and the prefetch loop is time added.
-#: Measured side by side against plain ``index_select``, default torch threads, fresh random
-#: rows per call: on 1M rows of 277 B over five fields, 0.58x the time at 256 rows, 0.51x at
-#: 1,024, 0.70x at 4,096, 0.94x at 16,384 and 1.29x at 65,536; on a memory-mapped storage of
-#: 64M rows of 48 B just filled, 0.85x at 4,096, 1.7x at 16,384 and at 65,536.
-PREFETCH_MAX_ROWS = 4096
-
-
-def _prefetch_pays(rows: int) -> bool:
-    """Whether a CPU gather of ``rows`` rows is in the range where a prefetch first pays."""
-    return PREFETCH_MIN_ROWS <= rows <= PREFETCH_MAX_ROWS
-
-
-def _prefetch_if_it_pays(sources: Sequence[torch.Tensor], index: torch.Tensor) -> None:
-    """Prefetches the rows of a checked CPU gather when its size is in the range where that pays."""
-    if _prefetch_pays(index.shape[0]) and all(src.is_contiguous() for src in sources):
-        widths = [src.stride(0) * src.element_size() for src in sources]
-        _prefetch_rows(sources, widths, index.to(torch.int64))
-
-
-def _prefetch_rows(sources: Sequence[torch.Tensor], widths: list[int], index: torch.Tensor) -> None:
-    """Asks the processor to fetch rows ``index`` of every source (``widths`` bytes each) into its caches.
-
-    A sample of a few hundred rows from a large storage misses the cache on nearly every line;
-    ``index_select`` overlaps only the few misses its reorder window reaches, where prefetches
-    issued first overlap many. Rows that come in runs (a slice sampler's windows) read
-    sequentially, and the kernel leaves them to the processor's own prefetcher. Changes nothing;
-    a prefetch never faults, whatever the address.
-    """
-    kernel = implementation("gather_rows", "numba")
-    kernel(_targets(sources, widths), index.numpy(), PREFETCH_MIN_ROWS)
-
-
-def _targets(sources: Sequence[torch.Tensor], widths: list[int]) -> np.ndarray:
-    """Per source: row 0's address, the row stride and the row's length, in bytes (contiguous
-    rows: the stride), as the prefetch kernel takes them.
-
-    Kept while the same tensor objects come back (a storage hands its leaves from one sample to
-    the next until it allocates anew): building the array costs about as much as the prefetch
-    of a few hundred rows.
-    """
-    return _TARGETS.get(tuple(sources), lambda: np.array(
-        [(src.data_ptr(), width, width) for src, width in zip(sources, widths)], dtype=np.int64
-    ))
-
-
-#: The address table of the last sources :func:`_targets` was given.
-_TARGETS = LastByIdentity()
-
-
-def _index_select_host(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``index_select`` of CPU rows; a large result goes on huge pages (see :mod:`~gpubuf.host_memory`)."""
-    shape = (index.shape[0], *src.shape[1:])
-    if math.prod(shape) * src.dtype.itemsize < LARGE_OUTPUT_BYTES:
-        return torch.index_select(src, 0, index)
-    return torch.index_select(src, 0, index, out=empty_host(shape, src.dtype))

@@ -106,16 +106,20 @@ def test_every_kernel_of_the_table_imports():
 @pytest.mark.interpreter
 def test_the_table_decides_auto_and_explicit_choices():
     cpu = torch.zeros(1)
-    assert resolve("gather_rows", cpu, "auto") == "numba"
+    assert resolve("gather_rows", cpu, "auto") == "torch"  # no compiled CPU gather: index_select
     assert resolve("gather_rows", cpu, "triton") == "triton"  # the interpreter is on in the tests
     assert resolve("encode_rows", cpu, "auto") == "numba"
     assert resolve("no_such_op", cpu, "auto") == "torch"
 
 
-def test_gather_rows_runs_its_cpu_kernel_when_asked():
+def test_an_op_without_a_cpu_kernel_refuses_the_numba_backend():
+    """The row gather has no compiled CPU kernel (``index_select`` is the CPU gather): asking for
+    one is a typed error, not a silent fallback."""
     sources = [torch.arange(30).view(10, 3), torch.arange(10.0)]
     index = torch.tensor([9, 0, 4, 4])
-    got = gather_rows(sources, index, backend="numba")
+    with pytest.raises(BackendUnavailableError, match="no CPU kernel"):
+        gather_rows(sources, index, backend="numba")
+    got = gather_rows(sources, index)
     assert all(torch.equal(g, s[index]) for g, s in zip(got, sources))
 
 
