@@ -47,6 +47,7 @@ negative bit cannot be described by one address and stride; the launcher gathers
 from __future__ import annotations
 
 import math
+import weakref
 from typing import NamedTuple, Sequence
 
 import torch
@@ -352,20 +353,22 @@ def _build_plan(sources: list[torch.Tensor]) -> _Plan:
     return _Plan(tuple(entries), tuple(fields), tuple(pieces), tuple(others), steps)
 
 
-#: ``(sources, signature, plan)`` of the last sources planned: checked by identity and by
-#: signature (address, shape, strides, dtype), so a tensor changed in place is planned anew.
+#: ``(weak references to the sources, signature, plan)`` of the last sources planned: checked
+#: by identity and by signature (address, shape, strides, dtype), so a tensor changed in place is
+#: planned anew. Weak references: a dropped storage's leaves are freed, never kept for the plan.
+#: One tuple replaced whole, so a gather in another thread sees the old entry or the new one.
 _LAST_PLAN: list = [None]
 
 
 def _plan_for(sources: list[torch.Tensor]) -> _Plan:
     """The plan of ``sources``, validated; the last one is kept (see :data:`_LAST_PLAN`)."""
     last = _LAST_PLAN[0]
-    if last is not None and len(last[0]) == len(sources) and all(a is b for a, b in zip(last[0], sources)):
+    if last is not None and len(last[0]) == len(sources) and all(r() is s for r, s in zip(last[0], sources)):
         if last[1] == _signature(sources):
             return last[2]
     _validate_sources(sources)
     plan = _build_plan(sources)
-    _LAST_PLAN[0] = (tuple(sources), _signature(sources), plan)
+    _LAST_PLAN[0] = (tuple(weakref.ref(src) for src in sources), _signature(sources), plan)
     return plan
 
 

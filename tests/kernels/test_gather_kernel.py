@@ -189,6 +189,19 @@ def test_a_kept_plan_follows_its_sources(kernel_device, gen):
         _assert_same(out, gather_rows_ref([src], index)[0])
 
 
+def test_a_kept_plan_does_not_keep_its_sources_alive(kernel_device, gen):
+    """The launcher remembers its last sources weakly: a dropped storage's leaves are freed."""
+    import gc
+    import weakref
+
+    a = _source(30, (4,), torch.float32, kernel_device, gen)
+    gather_rows_triton([a], _index([1, 2], kernel_device))
+    alive = weakref.ref(a)
+    del a
+    gc.collect()
+    assert alive() is None
+
+
 def test_a_kept_plan_still_checks_the_index(kernel_device, gen):
     """With the sources' plan kept, a malformed index is still refused before any launch."""
     a = _source(20, (2,), torch.float32, kernel_device, gen)
