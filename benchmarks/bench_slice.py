@@ -17,7 +17,10 @@ The prioritized rows (``prioritized_slice_sample``) run each library's ``Priorit
 
 Reported per N: the median (and p20/p80) of the sample time of each provider (providers
 interleaved so that they share the machine's noise), TorchRL's time over gpubuf's, and
-gpubuf's time at the largest N over the smallest (flat in N when close to 1)::
+gpubuf's time at the largest N over the smallest (flat in N when close to 1). On CUDA also
+``gpubuf-graph``: the same sample captured once in a CUDA graph and replayed (no host sync on
+the device path makes that possible; TorchRL's samplers read the device on the host and
+cannot be captured)::
 
     python benchmarks/bench_slice.py [--sizes 1000000 10000000] [--repeats 30] [--threads N]
         [--samplers slice prioritized] [--device cpu|cuda] [--json benchmarks/results/cpu-2core/slice-<date>.json]
@@ -97,6 +100,20 @@ def timed(fn, device: str) -> float:
     return time.perf_counter() - start
 
 
+def captured(rb):
+    """``rb.sample`` captured in a CUDA graph after a warm-up on a side stream; returns the replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            rb.sample()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rb.sample()
+    return graph.replay
+
+
 def quantiles(values: list[float]) -> dict:
     ordered = sorted(values)
 
@@ -146,6 +163,19 @@ def run(sizes: list[int], repeats: int, device: str, kinds: list[str]) -> dict:
                             continue
                         times[provider].append(timed(buffers[provider].sample, device))
                 row_stats = {p: quantiles(t) for p, t in times.items()}
+                if device.startswith("cuda"):
+                    try:
+                        replay = captured(buffers["gpubuf"])
+                        graph_stats = quantiles([timed(replay, device) for _ in range(repeats)])
+                    except Exception as err:  # noqa: BLE001 - reported, the other rows stand
+                        print(f"{op:24s} N={n:>10,} {key:9s} gpubuf-graph: cannot capture: {err!r:.200}", flush=True)
+                        results["rows"].append({"op": f"{op}[{key}]", "provider": "gpubuf-graph", "rows": n,
+                                                "error": repr(err)})
+                    else:
+                        results["rows"].append({"op": f"{op}[{key}]", "provider": "gpubuf-graph", "rows": n,
+                                                "num_slices": NUM_SLICES, "slice_len": SLICE_LEN, **graph_stats})
+                        print(f"{op:24s} N={n:>10,} {key:9s} gpubuf-graph {graph_stats['p50_s'] * 1e6:9.1f} us "
+                              "(one CUDA graph replay)", flush=True)
                 for provider in running:
                     results["rows"].append(
                         {
