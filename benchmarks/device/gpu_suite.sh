@@ -16,7 +16,7 @@
 #     codec    benchmarks/bench_compressed.py on CUDA, with the decode rate of the Triton kernel
 #     slice    benchmarks/bench_slice.py on CUDA: SliceSampler and PrioritizedSliceSampler at N = 1M and 10M beside TorchRL
 #     gather   the gather's GB/s next to the same run's device-to-device copy bandwidth
-#     counts   launches and host syncs of sample, extend, the prioritized cycle and both slice samples (B = 256, 65536)
+#     counts   launches and host syncs of sample, extend, the prioritized cycle and the three slice samplers (B = 256, 65536)
 #     graph    the CUDA graph tests (capture a fixed-size sample, replay it)
 #     aot      every kernel specialisation compiled for sm_80 and sm_90: registers, spills, occupancy
 #

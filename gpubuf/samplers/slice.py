@@ -224,7 +224,10 @@ class SliceSampler(Sampler):
         self._pending: list[torch.Tensor] = []
         self._source: tuple | None = None  # ("traj", key) or ("end", keys), fixed at first read
         self._last: torch.Tensor | None = None  # the newest row's id or end flag, per column
-        self._nonempty: dict[int, bool] = {}  # per slice length, since the last write
+        # What the index holds, read on the host once per change of the index: per slice length
+        # L whether some trajectory is L long (key L) and whether none is shorter (key -L), and
+        # the number of trajectories (key "trajectories").
+        self._nonempty: dict[int | str, bool | int] = {}
         self._static = None
         self._templates: dict = {}  # constant tensors of a draw's shape (offsets, marks)
         self._flags_cache: tuple | None = None  # what _flag_columns found, and for what
@@ -489,6 +492,21 @@ class SliceSampler(Sampler):
         if rng is None:
             return torch.rand(n, dtype=torch.float64, device=device)
         return torch.rand(n, dtype=torch.float64, generator=rng, device=rng.device).to(device)
+
+    def _draw_uniforms_into(self, out: torch.Tensor) -> None:
+        """Fills ``out`` (float64, contiguous) with the draws :meth:`_draw_uniforms` would return."""
+        rng = self._rng
+        if rng is None or rng.device == out.device:
+            torch.rand(out.shape, dtype=torch.float64, generator=rng, out=out)
+        else:
+            out.copy_(torch.rand(out.shape, dtype=torch.float64, generator=rng, device=rng.device))
+
+    def _trajectory_count(self, index: EpisodeIndex) -> int:
+        """The number of live trajectories, read on the host once per change of the index."""
+        known = self._nonempty.get("trajectories")
+        if known is None:
+            known = self._nonempty["trajectories"] = int(index.count(1))
+        return known
 
     def _has_eligible(self, index: EpisodeIndex, length: int) -> bool:
         known = self._nonempty.get(length)
@@ -1019,6 +1037,7 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
             use_gpu=use_gpu,
         )
         SamplerWithoutReplacement.__init__(self, drop_last=drop_last, shuffle=shuffle)
+        self._epochs: list[tuple] = []  # (positions, draws table, count, width) of the last epochs laid out
 
     def can_sample(self, storage: Any, batch_size: int) -> bool:
         return len(storage) > 0
@@ -1026,19 +1045,35 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
     def sample(self, storage: Any, batch_size: int) -> tuple[tuple[torch.Tensor, ...], dict]:
         """The next ``num_slices`` trajectories of the epoch, one slice of each.
 
+        Where every trajectory is at least ``L`` long (no slice is dropped or cut short) on a
+        one-dimensional storage, the epoch's picks go to the window draw as uniforms (see
+        :meth:`_plan_epoch`): the start draws, the windows and the gather, three launches on the
+        device path, and no host synchronisation while no write changes the trajectories.
+
         Raises:
             As :meth:`SliceSampler.sample`; ``BatchSizeError`` with ``drop_last=True`` and fewer
             trajectories than ``num_slices``.
         """
         index, seq_length, num_slices = self._prepare(storage, batch_size)
-        everything = index.eligible(1)
-        count = int(everything.counts().sum())
+        count = self._trajectory_count(index)
         if count == 0:
             raise EmptyBufferError(_EMPTY)
         if self.strict_length and not self._has_eligible(index, seq_length):
             raise self._no_trajectory(seq_length)
+        whole = index.columns == 1 and self._nonempty_equal(index, seq_length)
+        remaining = self._sample_list
+        if whole and remaining is not None and self.len_storage == count and self._planned(remaining) is None:
+            self._plan_epoch(remaining, count, num_slices)  # an epoch restored from a checkpoint
         positions, _ = SamplerWithoutReplacement.sample(self, _TrajectoryCount(count, index.device), num_slices)
         positions = positions.to(index.device)
+        if whole:
+            u = self._epoch_uniforms(positions, count)
+            flags = self._flag_columns(storage, index)
+            rows, marks = index.windows(1, seq_length, u, flags or (None, None, None), self._backend)
+            if flags is not None:
+                return self._finish_marked(rows, marks, init=flags[2] is not None)
+            return self._finish(storage, index, rows, None, positions.shape[0], seq_length, None, None)
+        everything = index.eligible(1)
         col, start, length = index.pick(everything, positions)
         if self.strict_length:
             keep = length >= seq_length
@@ -1046,6 +1081,49 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         picked = (col, start, length)
         u = self._draw_uniforms(col.shape[0], index.device)
         return self._slices_without_replacement(storage, index, seq_length, picked, u)
+
+    # ------------------------------------------------------------------ the epoch as window draws
+    # The window draw (EpisodeIndex.windows) picks trajectory k = floor(u * n) of the n eligible
+    # ones. With every trajectory L long or more the eligible ones are all of them, in the order
+    # the epoch's positions count them, so position k is the draw u = (k + 1/2) / n, exactly (in
+    # float64, for n below 2^50). An epoch's draws are laid out once, a batch a row, each row
+    # followed by room for the batch's start draws: a batch then takes its row as it is.
+    def _new_epoch(self, len_storage: int, batch_size: int, device: Any) -> None:
+        SamplerWithoutReplacement._new_epoch(self, len_storage, batch_size, device)
+        self._plan_epoch(self._sample_list, len_storage, batch_size)
+
+    def _plan_epoch(self, order: torch.Tensor, count: int, width: int) -> None:
+        """Lays out the draws of the positions ``order`` (the epoch's, or what is left of it) as
+        rows ``[k_0 .. k_{S-1} draws | S free]`` of ``S = width`` positions each (the full batches).
+        The last two layouts are kept (an epoch starts while its predecessor's last batch is
+        handed out)."""
+        full = order.numel() // width
+        table = torch.empty(full, 2 * width, dtype=torch.float64, device=order.device)
+        table[:, :width] = ((order[: full * width].to(torch.float64) + 0.5) / count).view(full, width)
+        self._epochs = [*self._epochs[-1:], (order, table, count, width)]
+
+    def _planned(self, positions: torch.Tensor) -> tuple | None:
+        """The layout whose positions ``positions`` was sliced from, or None."""
+        storage = positions.untyped_storage().data_ptr()
+        for plan in reversed(self._epochs):
+            if plan[0].untyped_storage().data_ptr() == storage:
+                return plan
+        return None
+
+    def _epoch_uniforms(self, positions: torch.Tensor, count: int) -> torch.Tensor:
+        """``float64 [2 S]``: the draws of ``positions`` then ``S`` new start draws (one launch
+        for a full batch of a laid-out epoch; a short last batch builds its own)."""
+        s = positions.numel()
+        plan = self._planned(positions)
+        if plan is not None:
+            order, table, planned_count, width = plan
+            offset = positions.storage_offset() - order.storage_offset()
+            if planned_count == count and width == s and offset % s == 0 and offset // s < table.shape[0]:
+                u = table[offset // s]
+                self._draw_uniforms_into(u[s:])
+                return u
+        picks = (positions.to(torch.float64) + 0.5) / count
+        return torch.cat([picks, self._draw_uniforms(s, positions.device)])
 
     def _slices_without_replacement(
         self, storage: Any, index: EpisodeIndex, seq_length: int, picked: tuple, u: torch.Tensor
@@ -1075,6 +1153,7 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
     def _empty(self) -> None:
         SliceSampler._empty(self)
         SamplerWithoutReplacement._empty(self)
+        self._epochs = []
 
     def state_dict(self) -> dict[str, Any]:
         state = SliceSampler.state_dict(self)
@@ -1090,6 +1169,7 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         SamplerWithoutReplacement._check_state_dict(self, state_dict)
         SamplerWithoutReplacement.load_state_dict(self, state_dict)
         self._install_slice_state(parsed)
+        self._epochs = []  # laid out again from the loaded positions at the next draw
 
     def __repr__(self) -> str:
         return SliceSampler.__repr__(self)

@@ -8,9 +8,10 @@ For each workload and batch size, one call after a warm-up call runs under
 - ``prioritized-cycle``: ``TensorDictPrioritizedReplayBuffer.sample(B, return_info=True)``
   (draw with importance weights, gather) then ``update_priority`` of the batch with priorities
   already on the device;
-- ``slice-sample`` and ``prioritized-slice-sample``: a ``TensorDictReplayBuffer.sample(B)`` with
-  a ``SliceSampler`` / ``PrioritizedSliceSampler`` of ``B / 32`` slices of 32 steps (episodes of
-  20 to 200 steps, boundaries from ``traj_key``).
+- ``slice-sample``, ``prioritized-slice-sample`` and ``slice-sample-without-replacement``: a
+  ``TensorDictReplayBuffer.sample(B)`` with a ``SliceSampler`` / ``PrioritizedSliceSampler`` /
+  ``SliceSamplerWithoutReplacement`` of ``B / 32`` slices of 32 steps (episodes of 20 to 200
+  steps, 32 to 64 without replacement; boundaries from ``traj_key``).
 
 On a GPU this is what a step costs in launches and syncs. Without one, ``--device cpu --backend
 triton`` counts the device path through Triton's interpreter (``TRITON_INTERPRET=1``; small sizes).
@@ -53,17 +54,34 @@ def _prioritized_cycle(config: ProfileConfig) -> Callable[[], Any]:
 SLICE_LEN = 32
 
 
-def _slice_sample(config: ProfileConfig, *, prioritized: bool) -> Callable[[], Any]:
+def _slice_sample(config: ProfileConfig, *, kind: str) -> Callable[[], Any]:
     n, device = config.rows, config.device
     g = torch.Generator().manual_seed(config.seed)
-    lengths = torch.randint(20, 201, (n // 20 + 1,), generator=g)
+    # Without replacement, episodes that all hold a slice: the epoch's picks then go straight to
+    # the window draw (a shorter one would be dropped from its batch, a size read on the host);
+    # and short enough that the call counted is not an epoch's last, which also draws the next
+    # epoch's order (a few launches once per epoch).
+    shortest, longest = (SLICE_LEN, 2 * SLICE_LEN) if kind == "without-replacement" else (20, 200)
+    lengths = torch.randint(shortest, longest + 1, (n // shortest + 1,), generator=g)
+    if kind == "without-replacement":
+        # Whole episodes only: the one that would cross row n ends there, or joins its predecessor.
+        ends = lengths.cumsum(0)
+        k = int((ends < n).sum())
+        last = n - (int(ends[k - 1]) if k else 0)
+        lengths = lengths[: k + 1].clone()
+        lengths[k] = last
+        if last < shortest and k:
+            lengths[k - 1] += last
+            lengths = lengths[:k]
     episode = torch.repeat_interleave(torch.arange(lengths.shape[0]), lengths)[:n]
     done = torch.zeros(n, 1, dtype=torch.bool)
     done[:-1, 0] = episode[1:] != episode[:-1]
     data = TensorDict({"obs": torch.randn(n, 4, generator=g), "episode": episode, ("next", "done"): done}, [n])
     num_slices = max(config.batch_size // SLICE_LEN, 1)
-    if prioritized:
+    if kind == "prioritized":
         sampler = gpubuf.PrioritizedSliceSampler(n, alpha=0.7, beta=0.5, num_slices=num_slices, traj_key="episode")
+    elif kind == "without-replacement":
+        sampler = gpubuf.SliceSamplerWithoutReplacement(num_slices=num_slices, traj_key="episode")
     else:
         sampler = gpubuf.SliceSampler(num_slices=num_slices, traj_key="episode")
     rb = gpubuf.TensorDictReplayBuffer(
@@ -82,8 +100,9 @@ WORKLOADS: dict[str, Callable[[ProfileConfig], Callable[[], Any]]] = {
     "sample": PROFILED["sample"].build,
     "extend": PROFILED["extend"].build,
     "prioritized-cycle": _prioritized_cycle,
-    "slice-sample": lambda config: _slice_sample(config, prioritized=False),
-    "prioritized-slice-sample": lambda config: _slice_sample(config, prioritized=True),
+    "slice-sample": lambda config: _slice_sample(config, kind="uniform"),
+    "prioritized-slice-sample": lambda config: _slice_sample(config, kind="prioritized"),
+    "slice-sample-without-replacement": lambda config: _slice_sample(config, kind="without-replacement"),
 }
 
 

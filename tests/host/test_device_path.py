@@ -106,9 +106,9 @@ def test_the_counts_tool_counts_the_device_path():
 def test_the_counts_tool_counts_slice_samples_on_the_device_path():
     from gpubuf.tools.counts import count_workloads
 
-    plain, prioritized = count_workloads(
+    plain, prioritized, epoch = count_workloads(
         torch.device("cpu"), rows=400, batches=[64], backend="triton",
-        workloads=["slice-sample", "prioritized-slice-sample"],
+        workloads=["slice-sample", "prioritized-slice-sample", "slice-sample-without-replacement"],
     )
     assert (plain["launches"], plain["host_syncs"]) == (3, 0)
     assert plain["kernels"] == {"aten:rand.generator": 1, "triton:_slice_windows_kernel": 1,
@@ -116,3 +116,6 @@ def test_the_counts_tool_counts_slice_samples_on_the_device_path():
     assert (prioritized["launches"], prioritized["host_syncs"]) == (3, 0)
     assert prioritized["kernels"] == {"aten:rand.generator": 1, "triton:_sumtree_windows_kernel": 1,
                                       "triton:_gather_rows_kernel": 1}
+    assert (epoch["launches"], epoch["host_syncs"]) == (3, 0)
+    assert epoch["kernels"] == {"aten:uniform_.default": 1, "triton:_slice_windows_kernel": 1,
+                                "triton:_gather_rows_kernel": 1}

@@ -8,7 +8,13 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from gpubuf import LazyTensorStorage, PrioritizedSliceSampler, SliceSampler, TensorDictReplayBuffer
+from gpubuf import (
+    LazyTensorStorage,
+    PrioritizedSliceSampler,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+    TensorDictReplayBuffer,
+)
 from gpubuf.ops.device_work import count_device_work
 
 from device_helpers import assert_work
@@ -103,3 +109,65 @@ def test_a_prioritized_slice_draw_from_an_empty_tree_is_reported_at_the_check_wi
     with pytest.raises(EmptyBufferError, match="every priority 0"):
         sampler.check_errors()
     sampler.check_errors()  # reported once, then cleared
+
+
+def _whole_episodes(count: int, flags: bool) -> TensorDict:
+    """``count`` whole episodes of 9 to 17 steps (every one long enough for slices of 8)."""
+    lengths = torch.arange(count) % 9 + 9
+    n = int(lengths.sum())
+    episode = torch.repeat_interleave(torch.arange(count), lengths)
+    done = torch.zeros(n, 1, dtype=torch.bool)
+    done[(lengths.cumsum(0) - 1), 0] = True
+    entries = {"obs": torch.arange(n).float().unsqueeze(-1).expand(n, 3).clone(), "episode": episode,
+               ("next", "done"): done}
+    if flags:
+        entries[("next", "terminated")] = done & (episode % 2 == 0).unsqueeze(-1)
+        entries["is_init"] = torch.cat([torch.ones(1, 1, dtype=torch.bool), done[:-1]])
+    return TensorDict(entries, [n])
+
+
+@pytest.mark.parametrize("flags", [False, True])
+def test_a_slice_sample_without_replacement_is_the_window_draw_and_the_gather(flags):
+    """Every episode long enough: the epoch's picks go to the window draw as uniforms, so a batch
+    is the start draws, the windows and the gather, with no host read while nothing is written;
+    the epoch visits every episode once and the batches are the host path's."""
+
+    def make(backend):
+        rb = TensorDictReplayBuffer(
+            storage=LazyTensorStorage(1000), sampler=SliceSamplerWithoutReplacement(num_slices=4, traj_key="episode"),
+            backend=backend, batch_size=32, generator=torch.Generator().manual_seed(1),
+        )
+        rb.extend(_whole_episodes(30, flags))
+        return rb
+
+    rb, host = make("triton"), make("auto")
+    seen = []
+    for step in range(8):  # the epoch's 8 batches (30 episodes: 7 of 4, one of 2), then the next epoch's first
+        if step == 1:
+            with count_device_work("cpu") as work:
+                batch = rb.sample()
+            assert_work(work, launches=3, host_syncs=0,
+                        kernels={"aten:uniform_.default": 1, "triton:_slice_windows_kernel": 1, "triton:_gather_rows_kernel": 1})
+        else:
+            batch = rb.sample()
+        want = host.sample()
+        assert (batch == want).all()
+        windows = batch.reshape(-1, 8)
+        assert (windows["episode"] == windows["episode"][:, :1]).all()
+        assert (windows["obs"][:, 1:, 0] - windows["obs"][:, :-1, 0] == 1).all()
+        assert windows["next", "truncated"][:, -1].all() and not windows["next", "truncated"][:, :-1].any()
+        seen += windows["episode"][:, 0].tolist()
+    assert sorted(seen) == list(range(30))
+    batch = rb.sample()  # a new epoch
+    assert (batch == host.sample()).all()
+    # A write changes the trajectories: the next draw reads their number once, the one after none.
+    more = _whole_episodes(2, flags)
+    more["episode"] += 100
+    rb.extend(more)
+    host.extend(more)
+    rb.sample()
+    host.sample()
+    with count_device_work("cpu") as work:
+        batch = rb.sample()
+    assert_work(work, launches=3, host_syncs=0)
+    assert (batch == host.sample()).all()

@@ -321,6 +321,50 @@ def test_without_replacement_visits_each_trajectory_once_per_epoch():
             assert sorted(seen) == long_enough
 
 
+def test_without_replacement_over_long_enough_episodes_visits_each_once_per_epoch():
+    """Every episode at least L long (the window draw takes the epoch's picks): each epoch holds
+    every episode once, in windows of L consecutive steps, and the last batch of an epoch holds
+    what is left."""
+    lengths = [5, 7, 6, 9, 6, 8, 8]
+    data = _transitions(_episodes(lengths))
+    for shuffle in (True, False):
+        sampler = gpubuf.SliceSamplerWithoutReplacement(num_slices=3, traj_key="episode", shuffle=shuffle)
+        rb = gpubuf.TensorDictReplayBuffer(storage=gpubuf.LazyTensorStorage(100), sampler=sampler, batch_size=15)
+        rb.extend(data)
+        for _ in range(2):  # two epochs: batches of 3, 3 and 1 episodes
+            seen, sizes = [], []
+            for batch in rb:
+                windows = batch.reshape(-1, 5)
+                sizes.append(windows.shape[0])
+                assert (windows["episode"] == windows["episode"][:, :1]).all()
+                assert (windows["obs"][:, 1:] - windows["obs"][:, :-1] == 1).all()
+                assert windows["next", "truncated"][:, -1].all()
+                seen += windows["episode"][:, 0].tolist()
+            assert sorted(seen) == list(range(len(lengths))) and sizes == [3, 3, 1]
+            if not shuffle:
+                assert seen == list(range(len(lengths)))
+
+
+def test_without_replacement_resumes_its_epoch_from_a_checkpoint(tmp_path):
+    """A checkpoint taken in the middle of an epoch: the restored buffer hands out the rest of the
+    epoch exactly as the original does, then the same next epoch."""
+
+    def make():
+        return _buffer(gpubuf.SliceSamplerWithoutReplacement(num_slices=2, traj_key="episode"), 200, seed=4)
+
+    data = _transitions(_episodes([6, 8, 7, 9, 6, 10, 7]))
+    rb = make()
+    rb.extend(data)
+    rb.sample(8)
+    rb.dumps(tmp_path / "ckpt")
+    restored = make()
+    restored.loads(tmp_path / "ckpt")
+    for _ in range(5):  # the epoch's last three batches (one of a single episode), then the next epoch
+        want = rb.sample(8)
+        got = restored.sample(8)
+        assert torch.equal(got["obs"], want["obs"]) and torch.equal(got["episode"], want["episode"])
+
+
 # ---------------------------------------------------------------------- checkpoints
 def test_checkpoint_round_trip_keeps_boundaries_and_draws(tmp_path):
     def make():
