@@ -13,7 +13,9 @@ and from ``end_key``:
 - ``torchrl-cache``: with ``cache_values=True`` (the scan is kept until the next write).
 
 The prioritized rows (``prioritized_slice_sample``) run each library's ``PrioritizedSliceSampler``
-(``alpha=0.7``, ``beta=0.5``, every step at priority 1 but one in 64 at 4) the same way.
+(``alpha=0.7``, ``beta=0.5``, every step at priority 1 but one in 64 at 4) the same way, and the
+``slice_sample_without_replacement`` rows each library's ``SliceSamplerWithoutReplacement`` (whose
+boundaries TorchRL always caches: no ``torchrl-cache`` row).
 
 Reported per N: the median (and p20/p80) of the sample time of each provider (providers
 interleaved so that they share the machine's noise), TorchRL's time over gpubuf's, and
@@ -23,7 +25,7 @@ the device path makes that possible; TorchRL's samplers read the device on the h
 cannot be captured)::
 
     python benchmarks/bench_slice.py [--sizes 1000000 10000000] [--repeats 30] [--threads N]
-        [--samplers slice prioritized] [--device cpu|cuda] [--json benchmarks/results/cpu-2core/slice-<date>.json]
+        [--samplers slice prioritized without] [--device cpu|cuda] [--json benchmarks/results/cpu-2core/slice-<date>.json]
 
 ``--threads`` sets torch's thread count for both libraries; without it each runs with torch's
 default (the machine's cores).
@@ -72,6 +74,8 @@ def make(provider: str, key: str, n: int, device: str, kind: str = "slice"):
     boundary = {"traj_key": "episode"} if key == "traj_key" else {"end_key": ("next", "done")}
     if kind == "prioritized":
         sampler = lib.PrioritizedSliceSampler(n, alpha=0.7, beta=0.5, num_slices=NUM_SLICES, **boundary, **kwargs)
+    elif kind == "without":
+        sampler = lib.SliceSamplerWithoutReplacement(num_slices=NUM_SLICES, **boundary)
     else:
         sampler = lib.SliceSampler(num_slices=NUM_SLICES, **boundary, **kwargs)
     return lib.TensorDictReplayBuffer(
@@ -126,7 +130,7 @@ def quantiles(values: list[float]) -> dict:
 def run(sizes: list[int], repeats: int, device: str, kinds: list[str]) -> dict:
     providers = ["gpubuf", "torchrl", "torchrl-cache"]
     results: dict = {"rows": [], "ratios": [], "flat": []}
-    # Compiled CPU helpers (the gather's prefetch) compile on first use: not part of any timing.
+    # Compiled CPU kernels (the window draws) compile on first use: not part of any timing.
     for kind in kinds:
         for key in ("traj_key", "end_key"):
             warm = make("gpubuf", key, 4096, device, kind)
@@ -136,10 +140,11 @@ def run(sizes: list[int], repeats: int, device: str, kinds: list[str]) -> dict:
     for n in sizes:
         data = transitions(n).to(device)
         for kind in kinds:
-            op = "slice_sample" if kind == "slice" else "prioritized_slice_sample"
+            op = {"slice": "slice_sample", "prioritized": "prioritized_slice_sample",
+                  "without": "slice_sample_without_replacement"}[kind]
             for key in ("traj_key", "end_key"):
                 buffers = {}
-                for provider in providers:
+                for provider in providers if kind != "without" else providers[:2]:
                     try:
                         rb = make(provider, key, n, device, kind)
                         fill(rb, data, kind)
@@ -159,7 +164,7 @@ def run(sizes: list[int], repeats: int, device: str, kinds: list[str]) -> dict:
                 slow_repeats = max(3, min(repeats, int(repeats * 1_000_000 / n)))
                 for r in range(repeats):
                     for provider in running:
-                        if provider == "torchrl" and r >= slow_repeats:
+                        if provider == "torchrl" and kind != "without" and r >= slow_repeats:
                             continue
                         times[provider].append(timed(buffers[provider].sample, device))
                 row_stats = {p: quantiles(t) for p, t in times.items()}
@@ -242,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--samplers", nargs="+", choices=["slice", "prioritized"], default=["slice", "prioritized"])
+    parser.add_argument("--samplers", nargs="+", choices=["slice", "prioritized", "without"],
+                        default=["slice", "prioritized", "without"])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
