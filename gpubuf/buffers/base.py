@@ -149,6 +149,9 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         >>> batch = rb.sample()  # on cuda, already copied when the next kernel reads it
     """
 
+    #: ``(storage, layout, batch size)`` of the largest batch checked to fit in memory, or None.
+    _batch_checked: tuple | None = None
+
     def __init__(
         self,
         *,
@@ -624,7 +627,7 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
             return
         storage = self._storage
         layout = storage.layout
-        checked = self.__dict__.get("_batch_checked")
+        checked = self._batch_checked
         if checked is not None and checked[0] is storage and checked[1] is layout and batch_size <= checked[2]:
             return  # a batch this large was checked already for these rows
         if layout is not None:

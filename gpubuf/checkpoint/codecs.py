@@ -300,7 +300,7 @@ class RoundRobinWriterCodec(Codec):
 
     def to_checkpoint(self, component: Any, context: Context) -> tuple[dict, dict]:
         state = {"cursor": int(component._cursor), "write_count": int(component._write_count)}
-        generation = component.__dict__.get("_generation") if component.tracks_generations else None
+        generation = component._generation if component.tracks_generations else None
         if generation is None:
             return state, {}
         # The slot generations of a writer that tracks them (absent from older checkpoints).

@@ -143,6 +143,9 @@ class LazyMemmapStorage(LazyTensorStorage):
 
     #: Rows live in sparse files, not in memory: a capacity past the RAM is fine.
     _rows_in_memory = False
+    #: The rows of the first write while it creates the files (their blocks are reserved by the
+    #: creation), or None.
+    _pending_rows = None
 
     def __init__(
         self,
@@ -476,7 +479,7 @@ class LazyMemmapStorage(LazyTensorStorage):
             )
             # Adopted or written files were written whole: every row has its blocks.
             state.alloc_rows = 0 if sources is None else cap0
-            pending = self.__dict__.get("_pending_rows")
+            pending = self._pending_rows
             if pending is not None:
                 # The set() that triggered the creation writes these rows next: a full disk
                 # must fail here, while the creation can still be undone.
@@ -558,7 +561,7 @@ class LazyMemmapStorage(LazyTensorStorage):
         self._files = opened
         self._cleaner.paths = [f.path for f in opened]
         self._install(layout, tensors)
-        pending = self.__dict__.get("_pending_rows")
+        pending = self._pending_rows
         if pending is not None:
             with self._state.lock:
                 self._ensure_allocated(self._runs(pending))

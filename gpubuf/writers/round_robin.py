@@ -27,6 +27,10 @@ class RoundRobinWriter(Writer):
     A writer's own cursor is then ignored when it is given such a storage.
     """
 
+    #: Whether slot generations are counted (see :attr:`tracks_generations`), and the counts.
+    _track_generations = False
+    _generation: torch.Tensor | None = None
+
     # ------------------------------------------------------------------ cursor: own or the storage's
     @property
     def _state(self) -> WriteCursor:
@@ -105,7 +109,7 @@ class RoundRobinWriter(Writer):
     @property
     def tracks_generations(self) -> bool:
         """Whether each slot's generation (the number of writes into it) is counted."""
-        return self.__dict__.get("_track_generations", False)
+        return self._track_generations
 
     def _bump_generation(self, index: Any) -> None:
         if not self.tracks_generations:
@@ -121,7 +125,7 @@ class RoundRobinWriter(Writer):
 
     def _empty(self, empty_write_count: bool = True) -> None:
         super()._empty(empty_write_count=empty_write_count)
-        generation = self.__dict__.get("_generation")
+        generation = self._generation
         if generation is not None:
             # Emptying invalidates every handle: written slots move on (a reset would make old
             # handles look live again); never-written ones stay -1.
