@@ -14,9 +14,11 @@
 #     tests    the whole suite, CUDA tests included, Triton compiled for the GPU (not interpreted)
 #     bench    gpubuf bench --full on CUDA: extend, sample, cycle, draw, update, with TorchRL beside it
 #     codec    benchmarks/bench_compressed.py on CUDA, with the decode rate of the Triton kernel
-#     slice    benchmarks/bench_slice.py on CUDA: SliceSampler and PrioritizedSliceSampler at N = 1M and 10M beside TorchRL
+#     slice    benchmarks/bench_slice.py on CUDA: the three slice samplers at N = 1M and 10M beside TorchRL, and replayed
+#              from a CUDA graph
 #     gather   the gather's GB/s next to the same run's device-to-device copy bandwidth
-#     counts   launches and host syncs of sample, extend, the prioritized cycle and the three slice samplers (B = 256, 65536)
+#     counts   launches and host syncs of sample, extend, the prioritized cycle and the three slice samplers (B = 256, 65536),
+#              and the time a call of each takes 200 calls back to back
 #     graph    the CUDA graph tests (capture a fixed-size sample, replay it)
 #     aot      every kernel specialisation compiled for sm_80 and sm_90: registers, spills, occupancy
 #
@@ -30,7 +32,7 @@
 set -euo pipefail
 
 if [ "$#" -eq 0 ]; then
-  sed -n '2,28p' "$0"
+  sed -n '2,31p' "$0"
   exit 2
 fi
 for stage in "$@"; do
@@ -90,9 +92,10 @@ for stage in "$@"; do
       # (On a CPU dry run the device path goes through the interpreter: keep it small.)
       if [ "$device" = cpu ]; then
         TRITON_INTERPRET=1 python3 -m gpubuf.tools.counts --device cpu --backend triton --rows 2000 --batch 256 \
-          --json "$dir/counts.json" 2>&1 | tee "$dir/log.txt" || status=1
+          --host-calls 20 --json "$dir/counts.json" 2>&1 | tee "$dir/log.txt" || status=1
       else
-        python3 -m gpubuf.tools.counts --device "$device" --json "$dir/counts.json" 2>&1 | tee "$dir/log.txt" || status=1
+        python3 -m gpubuf.tools.counts --device "$device" --host-calls 200 --json "$dir/counts.json" 2>&1 \
+          | tee "$dir/log.txt" || status=1
       fi
       ;;
     graph)

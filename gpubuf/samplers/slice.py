@@ -497,7 +497,7 @@ class SliceSampler(Sampler):
         """Fills ``out`` (float64, contiguous) with the draws :meth:`_draw_uniforms` would return."""
         rng = self._rng
         if rng is None or rng.device == out.device:
-            torch.rand(out.shape, dtype=torch.float64, generator=rng, out=out)
+            out.uniform_(generator=rng)  # what torch.rand does to the tensor it makes
         else:
             out.copy_(torch.rand(out.shape, dtype=torch.float64, generator=rng, device=rng.device))
 
@@ -1037,7 +1037,8 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
             use_gpu=use_gpu,
         )
         SamplerWithoutReplacement.__init__(self, drop_last=drop_last, shuffle=shuffle)
-        self._epochs: list[tuple] = []  # (positions, draws table, count, width) of the last epochs laid out
+        # (positions, draws table, count, width, the positions' memory) of the last epochs laid out
+        self._epochs: list[tuple] = []
 
     def can_sample(self, storage: Any, batch_size: int) -> bool:
         return len(storage) > 0
@@ -1100,13 +1101,14 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         full = order.numel() // width
         table = torch.empty(full, 2 * width, dtype=torch.float64, device=order.device)
         table[:, :width] = ((order[: full * width].to(torch.float64) + 0.5) / count).view(full, width)
-        self._epochs = [*self._epochs[-1:], (order, table, count, width)]
+        self._epochs = [*self._epochs[-1:], (order, table, count, width, _memory_of(order))]
 
     def _planned(self, positions: torch.Tensor) -> tuple | None:
-        """The layout whose positions ``positions`` was sliced from, or None."""
-        storage = positions.untyped_storage().data_ptr()
+        """The layout whose positions ``positions`` was sliced from, or None (the layouts hold
+        their positions, so no other tensor's memory starts where theirs does)."""
+        memory = _memory_of(positions)
         for plan in reversed(self._epochs):
-            if plan[0].untyped_storage().data_ptr() == storage:
+            if plan[4] == memory:
                 return plan
         return None
 
@@ -1116,7 +1118,7 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         s = positions.numel()
         plan = self._planned(positions)
         if plan is not None:
-            order, table, planned_count, width = plan
+            order, table, planned_count, width, _ = plan
             offset = positions.storage_offset() - order.storage_offset()
             if planned_count == count and width == s and offset % s == 0 and offset // s < table.shape[0]:
                 u = table[offset // s]
@@ -1176,3 +1178,9 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
 
 
 _HOST = torch.device("cpu")
+
+
+def _memory_of(positions: torch.Tensor) -> int:
+    """The address of the int64 memory a view of positions was sliced from (its storage's start:
+    cheaper than ``untyped_storage()``, which makes an object)."""
+    return positions.data_ptr() - positions.storage_offset() * 8

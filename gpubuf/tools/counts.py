@@ -16,6 +16,11 @@ For each workload and batch size, one call after a warm-up call runs under
 On a GPU this is what a step costs in launches and syncs. Without one, ``--device cpu --backend
 triton`` counts the device path through Triton's interpreter (``TRITON_INTERPRET=1``; small sizes).
 
+``--host-calls N`` also times N calls back to back, the device synchronised once at the end: on
+a GPU the time per call of a host that launches ahead of the device; on the interpreted path the
+host's work alone, the Triton kernels skipped (:func:`gpubuf_kernels._launch.host_only`; Triton's
+own launch cost is then not in it).
+
 Example:
     $ python -m gpubuf.tools.counts --device cuda --json counts.json
 """
@@ -23,7 +28,9 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import time
 from typing import Any, Callable, Sequence
 
 import torch
@@ -31,6 +38,7 @@ from tensordict import TensorDict
 
 import gpubuf
 from gpubuf.ops.device_work import count_device_work
+from gpubuf_kernels._launch import host_only
 from gpubuf.tools.profile import WORKLOADS as PROFILED
 from gpubuf.tools.profile import ProfileConfig, filled_buffer
 
@@ -114,12 +122,18 @@ def count_workloads(
     backend: str = "auto",
     workloads: Sequence[str] = tuple(WORKLOADS),
     row_kind: str = "transition",
+    host_calls: int = 0,
 ) -> list[dict[str, Any]]:
     """Counts one call of each workload at each batch size; one dict per count.
 
+    Args:
+        host_calls: when positive, also time that many calls (see the module docstring).
+
     Returns:
         Dicts with ``workload``, ``batch``, ``launches``, ``triton_launches``, ``torch_ops``,
-        ``host_syncs``, ``host_to_device``, ``kernels`` (launches by name) and ``syncs``.
+        ``host_syncs``, ``host_to_device``, ``kernels`` (launches by name) and ``syncs``; with
+        ``host_calls``, ``host_us`` (microseconds a call) and ``kernels_run`` (False where the
+        Triton kernels were skipped).
     """
     results = []
     for name in workloads:
@@ -129,20 +143,38 @@ def count_workloads(
             call()  # warm-up: lazy allocations, pointer tables, compiled kernels
             with count_device_work(device) as work:
                 call()
-            results.append(
-                {
-                    "workload": name,
-                    "batch": batch,
-                    "launches": work.launches,
-                    "triton_launches": work.triton_launches,
-                    "torch_ops": work.torch_ops,
-                    "host_syncs": work.host_syncs,
-                    "host_to_device": work.host_to_device,
-                    "kernels": dict(work.kernels),
-                    "syncs": work.syncs,
-                }
-            )
+            result = {
+                "workload": name,
+                "batch": batch,
+                "launches": work.launches,
+                "triton_launches": work.triton_launches,
+                "torch_ops": work.torch_ops,
+                "host_syncs": work.host_syncs,
+                "host_to_device": work.host_to_device,
+                "kernels": dict(work.kernels),
+                "syncs": work.syncs,
+            }
+            if host_calls > 0:
+                result["host_us"], result["kernels_run"] = _host_time(call, device, host_calls)
+            results.append(result)
     return results
+
+
+def _host_time(call: Callable[[], Any], device: torch.device, calls: int) -> tuple[float, bool]:
+    """Microseconds a call over ``calls`` calls back to back, and whether the kernels ran."""
+    interpreted = device.type != "cuda"
+    skip = host_only() if interpreted else contextlib.nullcontext()
+    with skip:
+        call()
+        if not interpreted:
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        if not interpreted:
+            torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - start
+    return elapsed / calls * 1e6, not interpreted
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -152,16 +184,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--batch", type=int, nargs="+", default=[256, 65_536])
     parser.add_argument("--workload", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--host-calls", type=int, default=0, help="also time this many calls of each (see above)")
     parser.add_argument("--json", default=None, help="write the counts and the environment here")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
-    results = count_workloads(device, rows=args.rows, batches=args.batch, backend=args.backend, workloads=args.workload)
+    results = count_workloads(
+        device, rows=args.rows, batches=args.batch, backend=args.backend, workloads=args.workload,
+        host_calls=args.host_calls,
+    )
     for r in results:
         print(
             f"{r['workload']:>24} B={r['batch']:<7} {r['launches']:4d} launches ({r['triton_launches']} Triton, "
             f"{r['torch_ops']} torch), {r['host_syncs']} host syncs: "
             + ", ".join(f"{k} x{v}" for k, v in sorted(r["kernels"].items(), key=lambda kv: -kv[1]))
             + (f"; syncs: {', '.join(r['syncs'])}" if r["syncs"] else "")
+            + (f"; {r['host_us']:.1f} us a call" + ("" if r["kernels_run"] else " (host only, kernels skipped)")
+               if "host_us" in r else "")
         )
     if args.json:
         from gpubuf.tools.bench import environment

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
@@ -31,6 +31,21 @@ def remove_launch_listener(listener: Callable[[str], None]) -> None:
     """Stops calling ``listener``; a listener that was never added is ignored."""
     with contextlib.suppress(ValueError):
         _listeners.remove(listener)
+
+
+@contextlib.contextmanager
+def host_only() -> Iterator[None]:
+    """Skips every launch this thread makes through :func:`launch` inside the block.
+
+    What a call costs the host on the device path, without its kernels: for measuring it where
+    the kernels cannot run at speed (Triton's interpreter). The launches' outputs are left
+    unwritten, so nothing inside the block may read them.
+    """
+    _state.skip = getattr(_state, "skip", 0) + 1
+    try:
+        yield
+    finally:
+        _state.skip -= 1
 
 
 def launching() -> bool:
@@ -59,6 +74,8 @@ def launch(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> Any:
     Returns:
         What the launch returns (the compiled kernel handle on CUDA).
     """
+    if getattr(_state, "skip", 0):
+        return None
     if not _listeners:
         return kernel[grid](*args, **kwargs)
     name = kernel_name(kernel)
