@@ -289,11 +289,14 @@ class _Plan(NamedTuple):
 
     #: The pointer table's values, row after row (the device copy is :func:`device_table`'s).
     entries: tuple[int, ...]
-    #: ``(source, piece)``: the piece of the split output buffer that is source ``source``'s output.
-    fields: tuple[tuple[int, int], ...]
-    #: Bytes per batch row of each piece of the output buffer, in order: a field, then its
-    #: padding to :data:`OUT_ALIGN` where it has any.
-    pieces: tuple[int, ...]
+    #: ``(source, dtype, start, trail, strides)`` per output in the buffer: it begins ``batch *
+    #: start`` bytes in (a multiple of :data:`OUT_ALIGN`, so of every element size), holds
+    #: ``[batch, *trail]`` elements of ``dtype``, with contiguous ``strides``.
+    fields: tuple[tuple[int, torch.dtype, int, tuple, tuple], ...]
+    #: Bytes per batch row of the whole buffer.
+    row_bytes: int
+    #: The dtypes of the outputs in the buffer, each viewed once per call.
+    dtypes: tuple[torch.dtype, ...]
     #: Sources whose rows are not dense: gathered with ``index_select`` into their own outputs.
     others: tuple[int, ...]
     #: Column steps of the widest row (the grid's third dim at most).
@@ -332,7 +335,7 @@ def _is_dense(src: torch.Tensor) -> bool:
 def _build_plan(sources: list[torch.Tensor]) -> _Plan:
     n_rows = sources[0].shape[0]
     entries: list[int] = []
-    fields, pieces, others = [], [], []
+    fields, others = [], []
     prefix = 0
     steps = 1
     for i, src in enumerate(sources):
@@ -343,14 +346,12 @@ def _build_plan(sources: list[torch.Tensor]) -> _Plan:
         row, src_steps = _source_entry(src, n_rows, 0, prefix, None)
         entries += row
         steps = max(steps, src_steps)
-        row_bytes = math.prod(src.shape[1:]) * src.element_size()
-        padded = cdiv(row_bytes, OUT_ALIGN) * OUT_ALIGN
-        fields.append((i, len(pieces)))
-        pieces.append(row_bytes)
-        if padded > row_bytes:
-            pieces.append(padded - row_bytes)
-        prefix += padded
-    return _Plan(tuple(entries), tuple(fields), tuple(pieces), tuple(others), steps)
+        trail = tuple(src.shape[1:])
+        strides = torch.empty((1, *trail), device="meta").stride()  # contiguous, dim 0's = the row's elements
+        fields.append((i, src.dtype, prefix, trail, strides))
+        prefix += cdiv(math.prod(trail) * src.element_size(), OUT_ALIGN) * OUT_ALIGN
+    dtypes = tuple(dict.fromkeys(dtype for _, dtype, _, _, _ in fields))
+    return _Plan(tuple(entries), tuple(fields), prefix, dtypes, tuple(others), steps)
 
 
 #: ``(weak references to the sources, signature, plan)`` of the last sources planned: checked
@@ -477,13 +478,13 @@ def _allocated_outputs(sources: list[torch.Tensor], index: torch.Tensor, plan: _
             torch.index_select(src, 0, index, out=outs[i])
     out_base = 0
     if plan.fields:
-        buffer = torch.empty(batch * sum(plan.pieces), dtype=torch.uint8, device=device)
-        # (split_with_sizes itself: Tensor.split's Python wrapper costs as much again.)
-        pieces = buffer.split_with_sizes([batch * size for size in plan.pieces]) if len(plan.pieces) > 1 else (buffer,)
-        for i, piece in plan.fields:
-            src = sources[i]
-            view = pieces[piece] if src.dtype == torch.uint8 else pieces[piece].view(src.dtype)
-            outs[i] = view if src.ndim == 1 else view.view(batch, *src.shape[1:])
+        buffer = torch.empty(batch * plan.row_bytes, dtype=torch.uint8, device=device)
+        # One view of the buffer per dtype, then one strided view per output (as_strided takes
+        # the offset, shape and strides at once: fewer calls than slicing and reshaping).
+        typed = {dtype: buffer if dtype == torch.uint8 else buffer.view(dtype) for dtype in plan.dtypes}
+        for i, dtype, start, trail, strides in plan.fields:
+            offset = batch * start // dtype.itemsize
+            outs[i] = typed[dtype].as_strided((batch, *trail), strides, offset)
         out_base = buffer.data_ptr()
     return outs, out_base
 
