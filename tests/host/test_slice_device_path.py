@@ -28,6 +28,13 @@ def _steps(n: int, flags: bool) -> TensorDict:
     episode = torch.repeat_interleave(torch.arange(n), lengths)[:n]
     done = torch.ones(n, 1, dtype=torch.bool)
     done[:-1, 0] = episode[1:] != episode[:-1]
+    return _columns(episode, done, flags)
+
+
+def _columns(episode: torch.Tensor, done: torch.Tensor, flags: bool) -> TensorDict:
+    """Steps of ``episode`` ids and ``done`` flags, with ``obs`` the row number (and terminated
+    on even episodes' last steps and is_init with ``flags``)."""
+    n = episode.shape[0]
     entries = {"obs": torch.arange(n).float().unsqueeze(-1).expand(n, 3).clone(), "episode": episode,
                ("next", "done"): done}
     if flags:
@@ -118,12 +125,7 @@ def _whole_episodes(count: int, flags: bool) -> TensorDict:
     episode = torch.repeat_interleave(torch.arange(count), lengths)
     done = torch.zeros(n, 1, dtype=torch.bool)
     done[(lengths.cumsum(0) - 1), 0] = True
-    entries = {"obs": torch.arange(n).float().unsqueeze(-1).expand(n, 3).clone(), "episode": episode,
-               ("next", "done"): done}
-    if flags:
-        entries[("next", "terminated")] = done & (episode % 2 == 0).unsqueeze(-1)
-        entries["is_init"] = torch.cat([torch.ones(1, 1, dtype=torch.bool), done[:-1]])
-    return TensorDict(entries, [n])
+    return _columns(episode, done, flags)
 
 
 @pytest.mark.parametrize("flags", [False, True])
