@@ -6,11 +6,22 @@ from typing import Any
 
 import torch
 
-from gpubuf.errors import BatchSizeError, EmptyBufferError, StateDictError
+from gpubuf.errors import BatchSizeError, EmptyBufferError, StateDictError, UnsupportedOptionError
 from gpubuf.samplers.base import Sampler
 from gpubuf.storages.checks import check_state_keys
 
 _EMPTY = "Cannot sample from an empty storage. Extend the buffer first."
+
+
+def _refuse_graph_capture(sampler: Any, device: torch.device | None) -> None:
+    """Raises when a draw that moves an epoch kept on the host is being captured in a CUDA graph:
+    every replay would hand out the captured batch's items again, silently."""
+    if device is not None and device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise UnsupportedOptionError(
+            f"{type(sampler).__name__} keeps its epoch's order on the host, which a CUDA graph replay cannot move "
+            "(every replay would return the captured batch's items): sample it outside graph capture, or capture "
+            "a sampler with replacement"
+        )
 
 
 def _check_batch_size(batch_size: Any) -> int:
@@ -122,6 +133,7 @@ class SamplerWithoutReplacement(Sampler):
             )
         sources = storage._row_sources
         device = sources[0].device if sources else None
+        _refuse_graph_capture(self, device)
         if self._sample_list is None or self.len_storage != len_storage:
             self._new_epoch(len_storage, batch_size, device)
         self.len_storage = len_storage

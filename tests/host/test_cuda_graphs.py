@@ -106,3 +106,31 @@ def test_a_slice_sample_is_captured_and_replays_fresh_windows(prioritized):
             assert (windows["priority_weight"] > 0).all()
         seen.append(index.clone())
     assert not all(torch.equal(seen[0], s) for s in seen[1:]), "every replay drew the same windows"
+
+
+@pytest.mark.parametrize("slices", [False, True])
+def test_capturing_a_sample_without_replacement_is_refused_and_changes_nothing(slices):
+    """An epoch kept on the host cannot move in a replay: capturing such a sample raises a typed
+    error, and the epoch is where it was."""
+    from gpubuf import SamplerWithoutReplacement, SliceSamplerWithoutReplacement
+    from gpubuf.errors import UnsupportedOptionError
+
+    n = 2_000
+    if slices:
+        sampler = SliceSamplerWithoutReplacement(num_slices=4, traj_key="episode")
+        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(n, device="cuda"), sampler=sampler, batch_size=128)
+        rb.extend(_episodes(n))
+    else:
+        sampler = SamplerWithoutReplacement()
+        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(n, device="cuda"), sampler=sampler, batch_size=128)
+        rb.extend(_rows(n))
+    rb.sample()
+    left = sampler._sample_list.clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side), pytest.raises(UnsupportedOptionError, match="graph"):
+        with torch.cuda.graph(graph):
+            rb.sample()
+    torch.cuda.synchronize()
+    assert torch.equal(sampler._sample_list, left)
