@@ -1039,6 +1039,7 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         SamplerWithoutReplacement.__init__(self, drop_last=drop_last, shuffle=shuffle)
         # (positions, draws table, count, width, the positions' memory) of the last epochs laid out
         self._epochs: list[tuple] = []
+        self._lay_out = False  # whether the current draw takes the window path (see sample)
 
     def can_sample(self, storage: Any, batch_size: int) -> bool:
         return len(storage) > 0
@@ -1062,11 +1063,16 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
         if self.strict_length and not self._has_eligible(index, seq_length):
             raise self._no_trajectory(seq_length)
         whole = index.columns == 1 and self._nonempty_equal(index, seq_length)
+        self._lay_out = whole  # a new epoch started by the draw below is laid out only if it is used
         remaining = self._sample_list
-        if whole and remaining is not None and self.len_storage == count and self._planned(remaining) is None:
-            self._plan_epoch(remaining, count, num_slices)  # an epoch restored from a checkpoint
         positions, _ = SamplerWithoutReplacement.sample(self, _TrajectoryCount(count, index.device), num_slices)
         positions = positions.to(index.device)
+        if whole and remaining is not None and self._planned(positions) is None and (
+            _memory_of(remaining) == _memory_of(positions)
+        ):
+            # Drawn from an epoch not laid out yet (restored from a checkpoint, or begun on the
+            # general path): lay out what was left of it.
+            self._plan_epoch(remaining, count, num_slices)
         if whole:
             u = self._epoch_uniforms(positions, count)
             flags = self._flag_columns(storage, index)
@@ -1091,7 +1097,8 @@ class SliceSamplerWithoutReplacement(SliceSampler, SamplerWithoutReplacement):
     # followed by room for the batch's start draws: a batch then takes its row as it is.
     def _new_epoch(self, len_storage: int, batch_size: int, device: Any) -> None:
         SamplerWithoutReplacement._new_epoch(self, len_storage, batch_size, device)
-        self._plan_epoch(self._sample_list, len_storage, batch_size)
+        if self._lay_out:
+            self._plan_epoch(self._sample_list, len_storage, batch_size)
 
     def _plan_epoch(self, order: torch.Tensor, count: int, width: int) -> None:
         """Lays out the draws of the positions ``order`` (the epoch's, or what is left of it) as

@@ -256,11 +256,15 @@ class Storage:
     #: the contents (a list's).
     _len: int | None = None
 
-    def _cover_row(self, top: int) -> None:
-        """Makes the length cover dim-0 row ``top``, just written at an explicit index (a writer's
-        ``write_at``), without moving any cursor. A storage whose length follows its contents
-        (``_len`` None) has nothing to do."""
-        if self._len is not None and top >= len(self):
+    def _cover_rows(self, index: int | torch.Tensor) -> None:
+        """Makes the length cover the dim-0 rows ``index`` (an int, or a 1-D tensor), just written
+        at explicit indices (a writer's ``write_at``), without moving any cursor. A storage whose
+        length follows its contents (``_len`` None) has nothing to do, and reads nothing: the
+        largest row of a device tensor is a host read."""
+        if self._len is None:
+            return
+        top = index if isinstance(index, int) else (int(index.max()) if index.numel() else -1)
+        if top >= len(self):
             self._len = min(top + 1, self.max_size)
 
     def _rand_given_ndim(self, batch_size: int) -> torch.Tensor:

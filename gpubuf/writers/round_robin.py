@@ -162,8 +162,7 @@ class RoundRobinWriter(Writer):
         self._write_at(index, data)
         self._write_count += 1 if single else index.numel()
         self._bump_generation(index)
-        top = int(index) if single else (int(index.max()) if index.numel() else -1)
-        self._storage._cover_row(top)
+        self._storage._cover_rows(int(index) if single else index)
         return self._replicate_index(index)
 
     def _write_at(self, index: Any, data: Any) -> None:

@@ -307,7 +307,9 @@ def _signature(sources: list[torch.Tensor]) -> tuple:
     return tuple((src.data_ptr(), src.shape, src.stride(), src.dtype) for src in sources)
 
 
-def _source_entry(src: torch.Tensor, n_rows: int, out_off: int, out_per_batch: int, out_addr: int | None) -> tuple:
+def _source_entry(
+    src: torch.Tensor, n_rows: int, out_off: int, out_per_batch: int, out_addr: int | None
+) -> tuple[list[int], int]:
     """``(table row, steps)`` of one dense source; ``out_addr`` is a given output's address (it
     takes part in the unit's alignment), None for an output in the launcher's buffer."""
     row_bytes = math.prod(src.shape[1:]) * src.element_size()

@@ -754,3 +754,19 @@ def test_buffers_sampled_in_turn_each_draw_from_their_own_boundaries():
                 rows = one["index"].reshape(-1)
                 assert torch.equal((rows - rows[0]) % rb.storage.max_size, torch.arange(4))
     assert 50 in first.sample(400)["episode"].unique().tolist()
+
+
+def test_an_epoch_sampler_refuses_cuda_graph_capture(monkeypatch):
+    """The refusal a capture of a sampler without replacement meets (the capture itself is in the
+    GPU tests): only for CUDA data, only while a capture runs, as an UnsupportedOptionError."""
+    from gpubuf.errors import UnsupportedOptionError
+    from gpubuf.samplers.random import _refuse_graph_capture
+
+    sampler = gpubuf.SliceSamplerWithoutReplacement(num_slices=2, traj_key="episode")
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(UnsupportedOptionError, match="CUDA graph replay cannot move"):
+        _refuse_graph_capture(sampler, torch.device("cuda"))
+    _refuse_graph_capture(sampler, torch.device("cpu"))  # CPU data is never captured
+    _refuse_graph_capture(sampler, None)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    _refuse_graph_capture(sampler, torch.device("cuda"))
