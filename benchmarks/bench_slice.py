@@ -18,7 +18,8 @@ The prioritized rows (``prioritized_slice_sample``) run each library's ``Priorit
 boundaries TorchRL always caches: no ``torchrl-cache`` row).
 
 Reported per N: the median (and p20/p80) of the sample time of each provider (providers
-interleaved so that they share the machine's noise), TorchRL's time over gpubuf's, and
+interleaved round robin, the order rotated from one round to the next and Python's collector paused,
+as :func:`gpubuf.tools.bench.timing.measure_round_robin` times them), TorchRL's time over gpubuf's, and
 gpubuf's time at the largest N over the smallest (flat in N when close to 1). On CUDA also
 ``gpubuf-graph`` for ``SliceSampler`` and ``PrioritizedSliceSampler``: the same sample captured
 once in a CUDA graph and replayed (no host sync on the device path makes that possible;
@@ -45,6 +46,8 @@ from pathlib import Path
 
 import torch
 from tensordict import TensorDict
+
+from gpubuf.tools.bench.timing import measure_round_robin
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_SLICES, SLICE_LEN = 32, 32
@@ -159,15 +162,11 @@ def run(sizes: list[int], repeats: int, device: str, kinds: list[str]) -> dict:
                     buffers[provider] = rb
                 build = timed(lambda: buffers["gpubuf"].sample(), device)  # reads the N rows written
                 running = [p for p in providers if p in buffers]
-                times: dict = {p: [] for p in running}
-                # TorchRL's uncached sampler rescans N rows per call: fewer repeats at large N.
-                slow_repeats = max(3, min(repeats, int(repeats * 1_000_000 / n)))
-                for r in range(repeats):
-                    for provider in running:
-                        if provider == "torchrl" and kind != "without" and r >= slow_repeats:
-                            continue
-                        times[provider].append(timed(buffers[provider].sample, device))
-                row_stats = {p: quantiles(t) for p, t in times.items()}
+                # Round robin in a rotated order with the collector paused (the house's timing
+                # helper): no provider always runs right after the same other one.
+                timings = measure_round_robin({p: buffers[p].sample for p in running}, device=device, warmup=0,
+                                              repeats=repeats)
+                row_stats = {p: quantiles(t.samples) for p, t in timings.items()}
                 # A replay repeats the captured launches: it cannot move an epoch kept on the host,
                 # so the sampler without replacement gets no graph row.
                 if device.startswith("cuda") and kind != "without":

@@ -420,24 +420,24 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
     # ------------------------------------------------------------------ reading
     # A sample is a *draw* (the sampler's indices, under the lock, in the caller's thread) and a
     # *read* (gather, cross-device copy, transforms), which prefetch runs ahead in workers.
-    def _read(self, index: Any, fill: tuple[int, torch.Tensor] | None = None, extra: dict | None = None) -> Any:
+    def _read(self, index: Any, fills: dict[int, torch.Tensor] | None = None, extra: dict | None = None) -> Any:
         """Reads the items at a sampler's ``index``: gather, build, collate, onto the batch device.
 
-        ``fill`` is ``(position, tensor)``: the tensor replaces the leaf at that position of the
-        storage's layout instead of gathering it. ``extra`` maps keys to tensors of one entry per
-        item (the sampler's info) that a TensorDict batch gets as entries. The batch lands on
-        the buffer's batch device (see ``batch_device``); a CUDA batch made on a side stream is
-        only valid there until :meth:`_hand_out`.
+        ``fills`` maps positions of the storage's layout to tensors that replace those leaves
+        instead of gathering them (one entry per item, on the storage's device). ``extra`` maps
+        keys to tensors of one entry per item (the sampler's info) that a TensorDict batch gets
+        as entries. The batch lands on the buffer's batch device (see ``batch_device``); a CUDA
+        batch made on a side stream is only valid there until :meth:`_hand_out`.
         """
         storage = self._storage
         rows = storage._flat_index(index)
         lead = [rows.shape[0]] if isinstance(rows, torch.Tensor) else []
-        skip, value = fill if fill is not None else (None, None)
+        fills = fills or {}
         route = self._route()
         if route.transfer is None:
-            leaves = storage._gather(rows, skip)
-            if skip is not None:
-                leaves[skip] = value
+            leaves = storage._gather(rows, fills.keys())
+            for position, value in fills.items():
+                leaves[position] = value
             data = self._collate_fn(storage._build(leaves, lead))
             if route.target is not None and route.source is None:
                 # A storage that gathers for itself, asked for batches elsewhere.
@@ -446,11 +446,10 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
             # Rows on one device, batches on another: staged (see gpubuf.staging). A sampler may
             # hand out indices on the batch's device: the gather reads them where the rows are.
             sources: list = list(route.sources)
-            fills = {}
-            if skip is not None:
-                sources[skip] = None
-                fills[skip] = value.to(route.transfer.source)
-            leaves = route.transfer.gather(sources, rows.to(route.transfer.source), fills)
+            for position in fills:
+                sources[position] = None
+            source = route.transfer.source
+            leaves = route.transfer.gather(sources, rows.to(source), {p: v.to(source) for p, v in fills.items()})
             data = self._collate_fn(storage._build(leaves, lead, device=route.target))
         return _attach(data, extra) if extra else data
 

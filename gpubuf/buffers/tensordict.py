@@ -32,6 +32,8 @@ class TensorDictReplayBuffer(ReplayBuffer):
     _default_writer = TensorDictRoundRobinWriter
     _reports_generations = True
     _tensordict_items = True
+    #: ``(layout, info keys, stored)`` of the last draw (see :meth:`_stored_entries`).
+    _stored_entries_of: tuple | None = None
 
     def __init__(self, *, priority_key: str = "td_error", **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -164,13 +166,34 @@ class TensorDictReplayBuffer(ReplayBuffer):
 
     def _read_drawn(self, index: Any, info: dict, batch_size: int) -> Any:
         # The draw, transforms and pinning are ReplayBuffer's; this adds the info entries.
-        fill = None
         layout = self._storage.layout
         position = None if layout is None else layout.index_of(_INDEX_KEY)
+        entries = _info_entries(info, position is not None)
+        fills = {}
         if position is not None:
-            # The stored "index" column is overwritten by the sampler's index below: skip its gather.
-            fill = (position, self._index_value(index, layout, batch_size))
-        return self._read(index, fill, _info_entries(info, fill is not None))
+            # The stored "index" column is overwritten by the sampler's index: not gathered.
+            fills[position] = self._index_value(index, layout, batch_size)
+        source = self._route().source
+        if entries and source is not None and layout.kind == "tensordict":
+            # So are the stored leaves an info entry replaces (a slice sampler's ("next", "done")).
+            stored = self._stored_entries(layout, entries)
+            if stored:
+                rows = index[0] if isinstance(index, tuple) else index
+                shape = torch.Size([rows.shape[0], *layout.item_batch[self._storage.ndim - 1 :]])
+                for key, at in stored:
+                    value = entries.pop(key)
+                    fills[at] = expand_as_batch(value if value.device == source else value.to(source), shape)
+        return self._read(index, fills, entries)
+
+    def _stored_entries(self, layout: Any, entries: dict) -> tuple:
+        """``(key, position)`` of the info entries that are also leaves of ``layout``; kept for
+        the next draw while the layout and the info's keys are the same."""
+        keys = tuple(entries)
+        kept = self._stored_entries_of
+        if kept is None or kept[0] is not layout or kept[1] != keys:
+            positions = ((key, layout.index_of(key if isinstance(key, tuple) else (key,))) for key in keys)
+            kept = self._stored_entries_of = (layout, keys, tuple((k, at) for k, at in positions if at is not None))
+        return kept[2]
 
     def _index_value(self, index: Any, layout: Any, batch_size: int) -> torch.Tensor:
         if isinstance(index, tuple):

@@ -259,7 +259,6 @@ class Layout:
         leaves: Sequence[torch.Tensor],
         batch_size: torch.Size,
         device: torch.device | None,
-        extra: dict[str, torch.Tensor] | None = None,
     ) -> Any:
         """Wraps gathered leaves (in layout order) back into the container kind.
 
@@ -267,9 +266,6 @@ class Layout:
             leaves: tensors of shape ``[*batch_size_prefix, *spec.shape]``.
             batch_size: the batch size of the returned collection (ignored for tensors/pytrees).
             device: the device recorded on a returned TensorDict.
-            extra: top-level entries added to a returned TensorDict as they are (the caller
-                gives them ``batch_size`` and ``device``): one construction instead of a
-                validated ``set`` per entry afterwards. Ignored for other kinds.
         """
         if self.kind == "tensor":
             return leaves[0]
@@ -279,14 +275,6 @@ class Layout:
             source = dict(zip(self._flat_names, leaves))
         else:
             source = self._nest(leaves)
-        for key, value in (extra or {}).items():
-            # A nested key (a slice sampler's ("next", "truncated")) goes under its parents.
-            node = source
-            if isinstance(key, tuple):
-                for parent in key[:-1]:
-                    node = node.setdefault(parent, {})
-                key = key[-1]
-            node[key] = value
         td = TensorDict._new_unsafe(source=source, batch_size=batch_size, device=device)
         if self.kind == "tensorclass":
             return self.container_cls._from_tensordict(td)

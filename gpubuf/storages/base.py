@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import torch
 
@@ -193,17 +193,17 @@ class Storage:
         """A sampler's index as the rows :meth:`_gather` reads (the default: the index itself)."""
         return index
 
-    def _gather(self, index: Any, skip: int | None = None) -> list:
+    def _gather(self, index: Any, skip: Collection[int] = ()) -> list:
         """The items at ``index`` (a sampler's index after :meth:`_flat_index`), per leaf.
 
         Args:
             index: in range, as a sampler produces it.
-            skip: the position in :attr:`layout` of a leaf not to read (the caller fills it),
-                or None. Only given for storages with a layout.
+            skip: the positions in :attr:`layout` of leaves not to read (the caller fills
+                them). Only given for storages with a layout.
 
         Returns:
-            One batch per leaf of :attr:`layout` (None at ``skip``). The default, for storages
-            without a layout: a one-element list holding :meth:`get`'s result.
+            One batch per leaf of :attr:`layout` (None at the ``skip`` positions). The default,
+            for storages without a layout: a one-element list holding :meth:`get`'s result.
         """
         return [self.get(index)]
 

@@ -22,7 +22,7 @@ Other leaves are kept as plain preallocated tensors, exactly as in
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import numpy as np
 import torch
@@ -302,17 +302,15 @@ class EncodedStorageBase(Storage):
         if self._layout is None or self._len == 0:
             raise EmptyBufferError("cannot read from an empty storage: write data to it first")
 
-    def _gather(self, index: torch.Tensor, skip: int | None = None) -> list:
+    def _gather(self, index: torch.Tensor, skip: Collection[int] = ()) -> list:
         """The sample path: ``index`` is a 1-D int64 tensor of in-range rows on the storage's device."""
         leaves: list = [None] * len(self._layout.leaves)
         for i, store in self._plain.items():
-            if i != skip:
+            if i not in skip:
                 leaves[i] = store.index_select(0, index)
         if self._encoded:
             for i, value in zip(self._encoded, self._read_encoded(index)):
-                leaves[i] = value
-        if skip is not None:
-            leaves[skip] = None
+                leaves[i] = None if i in skip else value
         return leaves
 
     def get(self, index: Any) -> Any:

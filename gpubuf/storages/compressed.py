@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import sys
 from copy import deepcopy
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -432,7 +432,7 @@ class CompressedListStorage(ListStorage):
     def _flat_index(self, index: Any) -> Any:
         return index if self._rows is None else self._rows._flat_index(index)
 
-    def _gather(self, index: Any, skip: int | None = None) -> list:
+    def _gather(self, index: Any, skip: Collection[int] = ()) -> list:
         if self._rows is None:
             return super()._gather(index, skip)
         try:

@@ -20,7 +20,7 @@ import errno
 import os
 import shutil
 import tempfile
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import numpy as np
 import torch
@@ -824,7 +824,7 @@ class LazyMemmapStorage(LazyTensorStorage):
         self.initialized  # maps the files another process created
         return self._flat_leaves
 
-    def _gather(self, index: torch.Tensor, skip: int | None = None) -> list:
+    def _gather(self, index: torch.Tensor, skip: Collection[int] = ()) -> list:
         self.initialized
         if index.device.type != "cpu":
             index = index.cpu()

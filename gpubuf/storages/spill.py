@@ -18,7 +18,7 @@ On a machine without a GPU the same code runs with the device tier on the CPU, w
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import numpy as np
 import torch
@@ -325,10 +325,10 @@ class SpillStorage(Storage):
             self._len = min(self._len + max(rows.numel(), 1), self.max_size)
 
     # ------------------------------------------------------------------ reading
-    def _gather(self, index: torch.Tensor, skip: int | None = None) -> list:
+    def _gather(self, index: torch.Tensor, skip: Collection[int] = ()) -> list:
         """Gathers rows ``index`` (int64, in range) of every leaf into batches on the device."""
         layout = self._layout
-        keep = [i for i in range(len(layout.leaves)) if i != skip]
+        keep = [i for i in range(len(layout.leaves)) if i not in skip]
         index = index.to(self.device)
         d = self._device_rows
         cold = self._cold
@@ -351,10 +351,8 @@ class SpillStorage(Storage):
                 for out, rows in zip(outs, gather_rows_trusted([cold._leaves[i] for i in keep], cold_rows)):
                     out.index_copy_(0, cold_pos, rows.to(self.device, non_blocking=True))
             gathered = outs
-        if skip is not None:
-            gathered = list(gathered)
-            gathered.insert(skip, None)
-        return list(gathered)
+        gathered = iter(gathered)
+        return [None if i in skip else next(gathered) for i in range(len(layout.leaves))]
 
     def _rows_of(self, index: Any) -> tuple[torch.Tensor, bool]:
         """``(rows, single)`` for a read index, negative values counting from the end of the written range."""

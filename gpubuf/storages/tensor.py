@@ -12,7 +12,7 @@ storage exactly as it was.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import numpy as np
 import torch
@@ -347,19 +347,19 @@ class TensorStorage(Storage):
         """The leaves as rows over all ``ndim`` batch dims (see :attr:`Storage._row_sources`)."""
         return self._flat_leaves
 
-    def _gather(self, index: torch.Tensor, skip: int | None = None) -> list:
+    def _gather(self, index: torch.Tensor, skip: Collection[int] = ()) -> list:
         """The sample path: ``index`` is a 1-D int64 tensor of in-range rows on the storage's device.
 
         Args:
             index: element indices, already valid (produced by a sampler).
-            skip: the position of a leaf not to gather (the buffer fills it itself), or None.
+            skip: the positions of leaves not to gather (the buffer fills them itself).
         """
         sources = self._flat_leaves
-        read = sources if skip is None else sources[:skip] + sources[skip + 1 :]
-        gathered = gather_rows_trusted(read, index, backend=self._backend)
-        if skip is not None:
-            gathered.insert(skip, None)
-        return gathered
+        if not skip:
+            return gather_rows_trusted(sources, index, backend=self._backend)
+        gathered = iter(gather_rows_trusted([s for i, s in enumerate(sources) if i not in skip], index,
+                                            backend=self._backend))
+        return [None if i in skip else next(gathered) for i in range(len(sources))]
 
     def _build(
         self, leaves: list, lead: Sequence[int], *, device: torch.device | None = None, consumed: int | None = None

@@ -114,3 +114,32 @@ def test_read_follows_a_new_storage_allocation():
     assert torch.equal(batch["index"], info["index"])
     for key in ("a", "b", "c"):
         assert torch.equal(batch[key], later[key][info["index"]]), key
+
+
+@pytest.mark.parametrize("storage", ["tensor", "memmap"])
+def test_stored_leaves_an_info_entry_replaces_are_not_gathered(storage, tmp_path):
+    """A slice sampler's ("next", "done") info replaces the stored column: the batch holds the
+    info's marks, and the stored column is not read (one gather fewer per sample)."""
+    from gpubuf import SliceSampler
+    from gpubuf.ops.device_work import count_device_work
+
+    n = 60
+    episode = torch.arange(n) // 12
+    done = torch.zeros(n, 1, dtype=torch.bool)
+    done[11::12] = True
+    data = TensorDict({"obs": torch.arange(n).float().unsqueeze(-1), "episode": episode, ("next", "done"): done}, [n])
+    store = LazyTensorStorage(n) if storage == "tensor" else LazyMemmapStorage(n, scratch_dir=tmp_path)
+    rb = TensorDictReplayBuffer(storage=store, sampler=SliceSampler(slice_len=4, traj_key="episode"), batch_size=16)
+    rb.extend(data)
+    rb.sample()
+    with count_device_work("cpu") as work:
+        batch, info = rb.sample(return_info=True)
+    # obs and episode are gathered; ("next", "done") comes from the info alone.
+    assert work.kernels["aten:index_select.default"] == 2, work.summary()
+    assert torch.equal(batch["next", "done"], info[("next", "done")])
+    rows = info["index"][0]
+    assert torch.equal(batch["obs"].squeeze(-1), rows.float()) and torch.equal(batch["episode"], episode[rows])
+    # Every slice's last step is marked done (truncated), and so is a stored episode end inside a slice.
+    marks = batch["next", "done"].reshape(4, 4)
+    assert marks[:, -1].all()
+    assert torch.equal(marks | (done[rows].reshape(4, 4)), marks)
