@@ -274,16 +274,22 @@ class SumTree:
         out._reset_views()
         return out
 
-    def fill_(self, values: torch.Tensor) -> SumTree:
+    def fill_(self, values: torch.Tensor, *, validate: bool = True) -> SumTree:
         """Sets all ``capacity`` leaves to ``values`` (already transformed) and rebuilds; in place.
 
         Args:
             values: ``[capacity]`` non-negative finite floats, any device (copied over).
+            validate: check that the values are finite and non-negative (two passes and two
+                host reads); False for values taken from valid trees.
+
+        Raises:
+            PriorityError: ``values`` of another shape, or (with ``validate``) a negative or
+                non-finite value; the tree is unchanged.
         """
         values = torch.as_tensor(values)
         if values.shape != (self.capacity,):
             raise PriorityError(f"expected {self.capacity} leaf values, got shape {list(values.shape)}")
-        if not bool(torch.isfinite(values).all()) or bool((values < 0).any()):
+        if validate and (not bool(torch.isfinite(values).all()) or bool((values < 0).any())):
             raise PriorityError("leaf values must be finite and non-negative")
         # + 0.0 turns a -0.0 into +0.0: the device update reads a leaf's sign bit as its mark.
         self.leaves[: self.capacity] = values.to(device=self.device, dtype=self.dtype) + 0.0

@@ -198,21 +198,45 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         self._excluded[flat] = want
 
     def _refresh_all(self, index: EpisodeIndex, seq_length: int) -> None:
-        """Sets every exclusion for slices of ``seq_length`` (``O(N)``: a new length or a rebuild)."""
-        size = index.size
-        rows = torch.arange(size, device=index.device).repeat_interleave(index.columns)
-        cols = torch.arange(index.columns, device=index.device).repeat(size)
-        merged = self._tree.values().to(torch.float64) + self._held.values().to(torch.float64)
-        excluded = torch.zeros_like(self._excluded)
-        if size:
-            excluded[self._flat(index, cols, rows).to(excluded.device)] = self._should_exclude(
-                index, cols, rows, seq_length
-            ).to(excluded.device)
+        """Sets every exclusion for slices of ``seq_length`` (a new length or a rebuild).
+
+        The excluded steps are found trajectory by trajectory (``O(trajectories * L)``); the two
+        trees are then rebuilt from their leaves (``O(N)`` vectorised passes, no per-step work).
+        """
+        merged = self._tree.values() + self._held.values()  # each leaf is in one of the two, 0 in the other
+        excluded = self._excluded_steps(index, seq_length)
         zero = torch.zeros_like(merged)
-        self._tree.fill_(torch.where(excluded, zero, merged))
-        self._held.fill_(torch.where(excluded, merged, zero))
+        self._tree.fill_(torch.where(excluded, zero, merged), validate=False)
+        self._held.fill_(torch.where(excluded, merged, zero), validate=False)
         self._excluded = excluded
         self._excluded_for = seq_length
+
+    def _excluded_steps(self, index: EpisodeIndex, seq_length: int) -> torch.Tensor:
+        """``bool [capacity]`` on the tree's device, True at the flat positions of the live steps
+        that cannot start a slice of ``seq_length``: the last :meth:`_tail_kept` steps of every
+        live trajectory, its first step excepted without ``strict_length`` (a start may then be
+        followed by fewer steps)."""
+        excluded = torch.zeros_like(self._excluded)
+        kept = self._tail_kept(seq_length)
+        if kept == 0 or index.size == 0:
+            return excluded
+        dev = index.device
+        # The live trajectory numbers of every column (one host read of the ring's two ends).
+        cols, numbers = [], []
+        for col, (head, tail) in enumerate(zip(index.head.tolist(), index.tail.tolist())):
+            if head >= tail:
+                cols.append(torch.full((head - tail + 1,), col, dtype=torch.int64, device=dev))
+                numbers.append(torch.arange(tail, head + 1, device=dev))
+        if not cols:
+            return excluded
+        col, start, length = torch.cat(cols), *index.lengths(torch.cat(cols), torch.cat(numbers))
+        stop = start + length - 1
+        first = start if self.strict_length else start + 1
+        steps = stop.unsqueeze(1) - torch.arange(kept, device=dev)  # the last `kept` steps, absolute times
+        hit = steps >= first.unsqueeze(1)
+        rows = steps[hit] % index.capacity
+        excluded[self._flat(index, col.unsqueeze(1).expand(-1, kept)[hit], rows).to(excluded.device)] = True
+        return excluded
 
     def _feed(self, storage: Any, index: EpisodeIndex, rows: torch.Tensor, columns: int, shape: tuple) -> None:
         length = self._excluded_for

@@ -770,3 +770,52 @@ def test_an_epoch_sampler_refuses_cuda_graph_capture(monkeypatch):
     _refuse_graph_capture(sampler, None)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     _refuse_graph_capture(sampler, torch.device("cuda"))
+
+
+def _excluded_by_step(sampler, seq_length: int) -> torch.Tensor:
+    """The steps that cannot start a slice of ``seq_length``, found step by step: a live step is
+    excluded when fewer than the kept tail steps follow it in its trajectory (its first step
+    excepted without strict_length)."""
+    index = sampler._index
+    excluded = torch.zeros_like(sampler._excluded)
+    kept = sampler._tail_kept(seq_length)
+    for col in range(index.columns):
+        for row in range(index.size):
+            c, r = torch.tensor([col]), torch.tensor([row])
+            start, stop = (int(v) for v in index.trajectory_of(c, r))
+            tau = int(index.absolute(r))
+            out = stop - tau < kept and (sampler.strict_length or tau != start)
+            excluded[row * index.columns + col] = out
+    return excluded
+
+
+@pytest.mark.parametrize("ndim", [1, 2])
+@pytest.mark.parametrize("strict", [True, False])
+@pytest.mark.parametrize("span", [False, (0, 1), (False, True)])
+def test_prioritized_exclusions_for_a_new_slice_length_match_the_step_rule(ndim, strict, span):
+    """A draw of another slice length sets every exclusion anew, trajectory by trajectory: the
+    same steps as the rule read step by step, and every priority kept in one of the two trees."""
+    envs = 3 if ndim == 2 else 1
+    capacity = 23 * envs
+    sampler = gpubuf.PrioritizedSliceSampler(capacity, 1.0, 1.0, num_slices=2, traj_key="episode",
+                                             strict_length=strict, span=span)
+    rb = _buffer(sampler, capacity, ndim=ndim)
+    for step, n in enumerate((9, 14, 6, 17)):  # wraps the ring twice
+        episode = _random_stream(40 + step, n, max_len=7)[:n] + 1000 * step
+        if ndim == 2:
+            episode = torch.stack([episode + 100 * e for e in range(envs)])
+        rb.extend(TensorDict({"episode": episode, "obs": episode.clone()}, list(episode.shape)))
+    g = torch.Generator().manual_seed(3)
+    priorities = torch.rand(capacity, generator=g) + 0.5
+    rb.update_priority(torch.arange(capacity), priorities)
+    for seq_length in (3, 5, 2):
+        try:
+            rb.sample(2 * seq_length)
+        except errors.TrajectoryLengthError:
+            pass  # no trajectory that long with strict_length: the exclusions are set all the same
+        assert sampler._excluded_for == seq_length
+        want = _excluded_by_step(sampler, seq_length)
+        assert torch.equal(sampler._excluded, want)
+        tree, held = sampler.tree.values(), sampler._held.values()
+        assert bool((tree[want] == 0).all()) and bool((held[~want] == 0).all())
+        assert torch.allclose(tree + held, priorities)
