@@ -198,11 +198,12 @@ def device_path(tensor: torch.Tensor, backend: str = "auto") -> bool:
 
 
 @functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)
 def implementation(op: str, which: str) -> Callable[..., Any]:
     """The kernel :data:`KERNELS` lists for ``op`` under backend ``which`` (``"triton"`` or ``"numba"``).
 
-    Imported on first use and cached (the sample path asks on every call), so ``import gpubuf``
-    never imports Triton or Numba.
+    Imported on first use and cached (the sample path asks on every call, and the lookup costs
+    about a microsecond), so ``import gpubuf`` never imports Triton or Numba.
 
     Raises:
         KeyError: the op has no kernel for that backend.

@@ -8,6 +8,7 @@ objects come back; the views share the tensors' memory, so a change in place sho
 
 from __future__ import annotations
 
+from operator import is_
 from typing import Any, Callable
 
 
@@ -27,7 +28,7 @@ class LastByIdentity:
     def get(self, objects: tuple, make: Callable[[], Any]) -> Any:
         """``make()`` for ``objects``, or the kept value when they are the last objects given."""
         entry = self._entry
-        if entry is not None and len(entry[0]) == len(objects) and all(a is b for a, b in zip(entry[0], objects)):
+        if entry is not None and len(entry[0]) == len(objects) and all(map(is_, entry[0], objects)):
             return entry[1]
         value = make()
         self._entry = (objects, value)
