@@ -27,6 +27,7 @@ from gpubuf.errors import (
     SchemaMismatchError,
 )
 from gpubuf.ops.gather_rows import gather_rows_trusted
+from gpubuf.ops.write_rows import write_rows_trusted
 from gpubuf.host_memory import HUGE_PAGE_BYTES, empty_host, huge_pages_enabled
 from gpubuf.storages._layout import Layout
 from gpubuf.storages.base import Storage
@@ -270,13 +271,10 @@ class TensorStorage(Storage):
 
     def _copy_rows(self, first: int, skip: int, count: int, leaves: list[torch.Tensor]) -> None:
         """Copies ``count`` batch rows from ``skip`` on into storage rows ``first, ...``, wrapping once."""
-        cap0 = self._capacity_along_dim0
-        head = min(count, cap0 - first)
         leaves = _unaliased(leaves, self._leaves)
-        for store, leaf in zip(self._leaves, leaves):
-            store[first : first + head].copy_(leaf[skip : skip + head])
-            if head < count:
-                store[: count - head].copy_(leaf[skip + head :])
+        if skip or any(leaf.shape[0] != count for leaf in leaves):
+            leaves = [leaf[skip : skip + count] for leaf in leaves]
+        write_rows_trusted(self._leaves, leaves, first, backend=self._backend)
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         """Writes ``data`` at ``cursor``.

@@ -37,13 +37,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 #: The kernel modules of ``gpubuf_kernels`` that hold Triton kernels.
-KERNEL_MODULES = ("gather", "gather_packed", "codec", "sumtree", "slice")
+KERNEL_MODULES = ("gather", "write_rows", "gather_packed", "codec", "sumtree", "slice")
 #: Compute capabilities compiled for: A100 (sm_80), H100/H200 (sm_90).
 ARCHS = (80, 90)
 #: The row gathers must stay at or below this many registers a thread (16 warps per SM at 4
 #: warps a program, enough loads in flight for a copy).
 GATHER_MAX_REGISTERS = 128
-_GATHER_MODULES = ("gather", "gather_packed")
+_GATHER_MODULES = ("gather", "write_rows", "gather_packed")
 
 # Per-SM limits of sm_80 and sm_90 (CUDA occupancy calculator): registers, warps, resident
 # programs, shared memory usable by programs, shared memory the runtime reserves per program.

@@ -146,6 +146,45 @@ def _copy_scalar(entry_ptr, out_base, batch, rows, src_rows, row_mask, UNIT: tl.
 
 
 @triton.jit
+def _copy_rows(
+    entry_ptr,  # int64 [_TABLE_COLS]: one source's pointer-table row
+    out_base,  # int64: base address of launcher-allocated outputs (0 for given ones)
+    batch,  # int64: B
+    rows,  # int64 [BLOCK_ROWS]: output row numbers of this program
+    src_rows,  # int64 [BLOCK_ROWS]: the source row each output row is copied from
+    row_mask,  # bool [BLOCK_ROWS]: rows to copy
+    col_split,  # int64: this program's first column step
+    n_col_splits,  # int64: column steps are dealt out over this many programs
+):
+    """Copies ``src_rows`` of one source to output ``rows`` with the tile of its width class."""
+    kind = tl.load(entry_ptr + _KIND)
+    if kind == 0:
+        _copy_wide(entry_ptr, out_base, batch, rows, src_rows, row_mask, col_split, n_col_splits,
+                   tl.int64, 2, 16, 2 * _WIDE_COLS)
+    elif kind == 1:
+        _copy_wide(entry_ptr, out_base, batch, rows, src_rows, row_mask, col_split, n_col_splits,
+                   tl.int64, 1, 8, _WIDE_COLS)
+    elif kind == 2:
+        _copy_wide(entry_ptr, out_base, batch, rows, src_rows, row_mask, col_split, n_col_splits,
+                   tl.int32, 1, 4, _WIDE_COLS)
+    elif kind == 3:
+        _copy_wide(entry_ptr, out_base, batch, rows, src_rows, row_mask, col_split, n_col_splits,
+                   tl.int16, 1, 2, _WIDE_COLS)
+    elif kind == 4:
+        _copy_wide(entry_ptr, out_base, batch, rows, src_rows, row_mask, col_split, n_col_splits,
+                   tl.uint8, 1, 1, _WIDE_COLS)
+    elif col_split == 0:  # one unit a row: the first column split copies it
+        if kind == 5:
+            _copy_scalar(entry_ptr, out_base, batch, rows, src_rows, row_mask, tl.int64, 8)
+        elif kind == 6:
+            _copy_scalar(entry_ptr, out_base, batch, rows, src_rows, row_mask, tl.int32, 4)
+        elif kind == 7:
+            _copy_scalar(entry_ptr, out_base, batch, rows, src_rows, row_mask, tl.int16, 2)
+        else:
+            _copy_scalar(entry_ptr, out_base, batch, rows, src_rows, row_mask, tl.uint8, 1)
+
+
+@triton.jit
 def _gather_rows_kernel(
     table_ptr,  # int64 [S, _TABLE_COLS]: pointer table, one row per source (module docstring)
     index_ptr,  # int32 or int64 [B]: source row of every output row
@@ -167,32 +206,9 @@ def _gather_rows_kernel(
     # unwritten instead of reading out of bounds.
     row_mask = in_batch & (src_rows >= 0) & (src_rows < n_rows)
     for source in range(group, n_sources, n_groups):
-        entry_ptr = table_ptr + source * _TABLE_COLS  # (S x 8 stays far below 2^31)
-        kind = tl.load(entry_ptr + _KIND)
-        if kind == 0:
-            _copy_wide(entry_ptr, out_base, batch, rows, src_rows, row_mask, col_split, n_col_splits,
-                       tl.int64, 2, 16, 2 * _WIDE_COLS)
-        elif kind == 1:
-            _copy_wide(entry_ptr, out_base, batch, rows, src_rows, row_mask, col_split, n_col_splits,
-                       tl.int64, 1, 8, _WIDE_COLS)
-        elif kind == 2:
-            _copy_wide(entry_ptr, out_base, batch, rows, src_rows, row_mask, col_split, n_col_splits,
-                       tl.int32, 1, 4, _WIDE_COLS)
-        elif kind == 3:
-            _copy_wide(entry_ptr, out_base, batch, rows, src_rows, row_mask, col_split, n_col_splits,
-                       tl.int16, 1, 2, _WIDE_COLS)
-        elif kind == 4:
-            _copy_wide(entry_ptr, out_base, batch, rows, src_rows, row_mask, col_split, n_col_splits,
-                       tl.uint8, 1, 1, _WIDE_COLS)
-        elif col_split == 0:  # one unit a row: the first column split copies it
-            if kind == 5:
-                _copy_scalar(entry_ptr, out_base, batch, rows, src_rows, row_mask, tl.int64, 8)
-            elif kind == 6:
-                _copy_scalar(entry_ptr, out_base, batch, rows, src_rows, row_mask, tl.int32, 4)
-            elif kind == 7:
-                _copy_scalar(entry_ptr, out_base, batch, rows, src_rows, row_mask, tl.int16, 2)
-            else:
-                _copy_scalar(entry_ptr, out_base, batch, rows, src_rows, row_mask, tl.uint8, 1)
+        # (S x 8 stays far below 2^31)
+        _copy_rows(table_ptr + source * _TABLE_COLS, out_base, batch, rows, src_rows, row_mask, col_split,
+                   n_col_splits)
 
 
 #: What the launcher compiles: one kernel specialisation per row (the AOT compile check reads

@@ -34,27 +34,33 @@ def test_a_uniform_sample_on_the_device_path_is_one_draw_and_the_gather():
     assert torch.equal(batch["index"], batch["reward"].long())
 
 
-def test_an_extend_on_the_device_path_copies_each_field_once_and_never_syncs():
+def test_an_extend_on_the_device_path_writes_every_field_in_one_launch_and_never_syncs():
     rb = _buffer("triton")
     data = _rows(5, start=100)
     with count_device_work("cpu") as work:
         rb.extend(data)
-    # One copy per stored field (five and "index") and the index range.
-    assert_work(work, max_launches=8, host_syncs=0)
-    assert work.kernels["aten:copy_.default"] == 6
+    # One fused write of the stored fields (five and "index"), and the index range: the one the
+    # storage writes into "index" and the one extend returns.
+    assert_work(work, launches=3, host_syncs=0,
+                kernels={"triton:_write_rows_kernel": 1, "aten:arange.start": 2})
     assert torch.equal(rb[33:38]["reward"], torch.arange(100, 105).double())
+    want = _buffer("auto")
+    want.extend(data)
+    assert (rb[:] == want[:]).all()
 
 
-def test_an_extend_that_wraps_on_the_device_path_never_syncs():
+def test_an_extend_that_wraps_on_the_device_path_writes_in_one_launch_and_never_syncs():
     rb = _buffer("triton")
     data = _rows(10, start=200)
     with count_device_work("cpu") as work:
         rb.extend(data)  # rows 33..39 then 0..2
-    # Two copies per stored field (before and after the wrap), and the wrapped index range
-    # (arange and modulo) for the stored "index" column and for the index extend returns.
-    assert_work(work, max_launches=16, host_syncs=0)
-    assert work.kernels["aten:copy_.default"] == 12
+    # The fused write wraps by itself; the wrapped index ranges take an arange and a modulo each.
+    assert_work(work, launches=5, host_syncs=0,
+                kernels={"triton:_write_rows_kernel": 1, "aten:arange.start": 2, "aten:remainder.Scalar": 2})
     assert torch.equal(rb[:3]["reward"], torch.tensor([207.0, 208.0, 209.0], dtype=torch.float64))
+    want = _buffer("auto")
+    want.extend(data)
+    assert (rb[:] == want[:]).all()
 
 
 def test_the_forced_path_refuses_tensors_triton_cannot_run_on(monkeypatch):
