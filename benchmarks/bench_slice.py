@@ -20,7 +20,8 @@ boundaries TorchRL always caches: no ``torchrl-cache`` row).
 Reported per N: the median (and p20/p80) of the sample time of each provider (providers
 interleaved round robin, the order rotated from one round to the next and Python's collector paused,
 as :func:`gpubuf.tools.bench.timing.measure_round_robin` times them), TorchRL's time over gpubuf's, and
-gpubuf's time at the largest N over the smallest (flat in N when close to 1). On CUDA also
+gpubuf's time at the largest N over the smallest (flat in N when close to 1: the two gpubuf
+buffers timed round robin together, see :func:`flatness`). On CUDA also
 ``gpubuf-graph`` for ``SliceSampler`` and ``PrioritizedSliceSampler``: the same sample captured
 once in a CUDA graph and replayed (no host sync on the device path makes that possible;
 TorchRL's samplers read the device on the host and cannot be captured)::
@@ -215,12 +216,40 @@ def run(sizes: list[int], repeats: int, device: str, kinds: list[str]) -> dict:
         del data
         gc.collect()
     if len(sizes) > 1:
-        small, large = min(sizes), max(sizes)
-        for op, key in sorted({(op, key) for op, key, _ in gpubuf_p50}):
-            growth = gpubuf_p50[(op, key, large)] / gpubuf_p50[(op, key, small)]
-            results["flat"].append({"op": op, "key": key, "rows_small": small, "rows_large": large, "time_ratio": growth})
-            print(f"gpubuf {op} {key}: N={large:,} takes x{growth:.2f} the time of N={small:,}", flush=True)
+        results["flat"] = flatness(min(sizes), max(sizes), repeats, device, kinds, gpubuf_p50)
     return results
+
+
+def flatness(small: int, large: int, repeats: int, device: str, kinds: list[str], p50: dict) -> list[dict]:
+    """gpubuf's sample at ``large`` rows over its sample at ``small`` rows, the two buffers timed
+    round robin in the same process: each call follows a gpubuf call, so the ratio is the
+    sample's own growth with N. (The per-N rows above follow TorchRL's calls, whose scan at
+    10M evicts ten times what it does at 1M: their ratio, also reported, says how much of a
+    neighbour's cache damage each sample pays, not how the sample scales.)"""
+    rows = []
+    data = {n: transitions(n).to(device) for n in (small, large)}
+    for kind in kinds:
+        op = {"slice": "slice_sample", "prioritized": "prioritized_slice_sample",
+              "without": "slice_sample_without_replacement"}[kind]
+        for key in ("traj_key", "end_key"):
+            buffers = {}
+            for n in (small, large):
+                rb = buffers[n] = make("gpubuf", key, n, device, kind)
+                fill(rb, data[n], kind)
+                rb.sample()  # reads the rows written
+            timings = measure_round_robin({n: rb.sample for n, rb in buffers.items()}, device=device, warmup=3,
+                                          repeats=repeats)
+            paired = timings[large].p50 / timings[small].p50
+            after_torchrl = p50[(op, key, large)] / p50[(op, key, small)]
+            rows.append({"op": op, "key": key, "rows_small": small, "rows_large": large, "time_ratio": paired,
+                         "small_p50_s": timings[small].p50, "large_p50_s": timings[large].p50,
+                         "time_ratio_after_torchrl": after_torchrl})
+            print(f"gpubuf {op} {key}: N={large:,} takes x{paired:.2f} the time of N={small:,} "
+                  f"({timings[large].p50 * 1e6:.1f} against {timings[small].p50 * 1e6:.1f} us, timed together; "
+                  f"x{after_torchrl:.2f} in the rows above, each after TorchRL's calls)", flush=True)
+            del buffers
+            gc.collect()
+    return rows
 
 
 def environment(device: str) -> dict:
