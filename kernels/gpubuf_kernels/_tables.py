@@ -11,6 +11,10 @@ launch on another stream waits for the copy's event on the device (``Stream.wait
 the event is seen complete (``Event.query``, which does not block); from then on the table is
 used freely. During CUDA graph capture no event is queried or waited for: capture after a
 warm-up call (as ``torch.cuda.graph`` asks anyway), which has built and copied the tables.
+
+A table asked for during a capture is kept for the rest of the process, out of the recent ones:
+the captured kernels read it at every replay, which never passes through here, so an eviction
+(by the writes' tables, one per batch address) would free memory a graph still reads.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import torch
 # and output layouts per process is the common case, so a small LRU keeps them all.
 _CACHE: OrderedDict[tuple, "_Table"] = OrderedDict()
 _CACHE_SIZE = 64
+#: Tables a CUDA graph capture used: never evicted (see the module docstring).
+_CAPTURED: dict[tuple, "_Table"] = {}
 _LOCK = threading.Lock()
 
 
@@ -51,9 +57,10 @@ def device_table(entries: tuple[int, ...], cols: int, device: torch.device) -> t
         A tensor to pass to a kernel on the current stream; it must not be written.
     """
     key = (device, cols, entries)
+    capturing = _capturing(device)
     with _LOCK:
-        table = _CACHE.get(key)
-        if table is not None:
+        table = _CAPTURED.get(key) or _CACHE.get(key)
+        if table is not None and key in _CACHE:
             _CACHE.move_to_end(key)
     if table is None:
         table = _make(entries, cols, device)
@@ -63,7 +70,16 @@ def device_table(entries: tuple[int, ...], cols: int, device: torch.device) -> t
                 _CACHE.popitem(last=False)
     elif not table.done:
         _order_after_copy(table, device)
+    if capturing:
+        with _LOCK:
+            _CAPTURED[key] = table
+            _CACHE.pop(key, None)
     return table.device
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether the current stream of ``device`` is capturing a CUDA graph."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _make(entries: tuple[int, ...], cols: int, device: torch.device) -> _Table:
@@ -92,6 +108,8 @@ def _order_after_copy(table: _Table, device: torch.device) -> None:
 
 
 def clear() -> None:
-    """Forgets every table (tests; or to release the pinned and device memory they hold)."""
+    """Forgets every table (tests; or to release the pinned and device memory they hold, once
+    no captured graph that used one will be replayed)."""
     with _LOCK:
         _CACHE.clear()
+        _CAPTURED.clear()

@@ -131,3 +131,28 @@ def test_the_launcher_refuses_a_storage_field_that_is_not_contiguous():
 def test_a_large_write_on_the_gpu_matches_the_twin():
     fields = [((), torch.bool), ((84, 84), torch.uint8), ((17,), torch.float32), ((2,), torch.int64)]
     _check(capacity=200_003, count=150_001, first=120_000, fields=fields, seed=5)
+
+
+def test_a_table_a_capture_used_outlives_the_tables_of_later_writes(monkeypatch):
+    """Every batch address gives the write a new pointer table; the recent ones are kept, the
+    oldest dropped. A table asked for during a CUDA graph capture is read at every replay, which
+    never passes through the cache: it is kept for good, whatever comes after."""
+    from gpubuf_kernels import _tables
+
+    _tables.clear()
+    device = _device()
+    monkeypatch.setattr(_tables, "_capturing", lambda d: True)
+    captured = _tables.device_table((1, 2, 3, 4, 5, 6, 7, 8), 8, device)
+    monkeypatch.setattr(_tables, "_capturing", lambda d: False)
+    gen = torch.Generator().manual_seed(4)
+    dest = _poisoned(8, (2,), torch.float32)
+    for _ in range(_tables._CACHE_SIZE + 5):  # a new batch tensor each time: a new table each time
+        write_rows_triton([dest], [_random(3, (2,), torch.float32, gen).clone()], 2)
+    first = _tables.device_table((9, 9, 9, 9, 9, 9, 9, 9), 8, device)
+    assert len(_tables._CACHE) <= _tables._CACHE_SIZE
+    assert _tables.device_table((1, 2, 3, 4, 5, 6, 7, 8), 8, device) is captured
+    for i in range(_tables._CACHE_SIZE):
+        _tables.device_table((i, 0, 0, 0, 0, 0, 0, 0), 8, device)
+    assert _tables.device_table((9, 9, 9, 9, 9, 9, 9, 9), 8, device) is not first  # an ordinary one was dropped
+    assert _tables.device_table((1, 2, 3, 4, 5, 6, 7, 8), 8, device) is captured
+    _tables.clear()
