@@ -121,12 +121,13 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         PrioritizedSampler.extend(self, index)
         # The written steps hold the default priority in the tree; what was held aside for the
         # steps they overwrote is dropped now, so an update before the next draw lands right.
+        # Every written step's held value is zeroed (it is 0 already where nothing was held): no
+        # selection of the held ones, whose size a CUDA host would have to wait for.
         flat = self._flat_index(index, self._storage)
-        stale = flat[self._excluded[flat]]
-        if stale.numel():
-            zeros = torch.zeros(stale.shape[0], dtype=torch.float64, device=stale.device)
-            sumtree_update(self._held, stale, zeros, alpha=1.0, eps=0.0, validate=False)
-            self._excluded[stale] = False
+        if flat.numel():
+            zeros = torch.zeros(flat.shape[0], dtype=torch.float64, device=flat.device)
+            sumtree_update(self._held, flat, zeros, alpha=1.0, eps=0.0, validate=False, backend=self._backend)
+            self._excluded[flat] = False
         SliceSampler.extend(self, index)
 
     def mark_update(self, index: Any, *, storage: Any = None) -> None:
@@ -157,18 +158,21 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         if self._excluded_for is None:
             return
         flat = self._flat_index(index, storage)
-        flat = flat[flat >= 0]
-        self._move(flat[self._excluded[flat]], to_held=True)
+        # Negative indices (ignored by the update) stay negative: nothing moves for them.
+        self._move(torch.where(self._excluded[flat.clamp_min(0)], flat, -1), to_held=True)
 
     # ------------------------------------------------------------------ exclusions
     def _move(self, flat: torch.Tensor, *, to_held: bool) -> None:
-        """Moves the leaves at ``flat`` from the tree to the held-aside tree (or back)."""
+        """Moves the leaves at ``flat`` from the tree to the held-aside tree (or back); negative
+        entries move nothing (the tree update ignores them), so callers mark what stays with -1
+        instead of selecting what moves (a selection's size is a host read on CUDA)."""
         if flat.numel() == 0:
             return
         source, target = (self._tree, self._held) if to_held else (self._held, self._tree)
-        values = source.values()[flat].to(torch.float64)
-        sumtree_update(target, flat, values, alpha=1.0, eps=0.0, validate=False)
-        sumtree_update(source, flat, torch.zeros_like(values), alpha=1.0, eps=0.0, validate=False)
+        values = source.values()[flat.clamp_min(0)].to(torch.float64)
+        sumtree_update(target, flat, values, alpha=1.0, eps=0.0, validate=False, backend=self._backend)
+        sumtree_update(source, flat, torch.zeros_like(values), alpha=1.0, eps=0.0, validate=False,
+                       backend=self._backend)
 
     def _tail_kept(self, seq_length: int) -> int:
         """How many last steps of a trajectory cannot start a slice."""
@@ -193,8 +197,8 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         flat = self._flat(index, col, row).to(self._tree.device)
         want = self._should_exclude(index, col, row, seq_length).to(self._tree.device)
         now = self._excluded[flat]
-        self._move(flat[want & ~now], to_held=True)
-        self._move(flat[~want & now], to_held=False)
+        self._move(torch.where(want & ~now, flat, -1), to_held=True)
+        self._move(torch.where(~want & now, flat, -1), to_held=False)
         self._excluded[flat] = want
 
     def _refresh_all(self, index: EpisodeIndex, seq_length: int) -> None:
@@ -255,8 +259,10 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         # A trimmed oldest trajectory gets a new first step (a valid start without strict_length).
         oldest = torch.tensor([index.lower % index.capacity], device=index.device)
         parts = [new_rows, oldest] if old_head is None else [new_rows, old_head, oldest]
-        # Each row once (the oldest or the old head's may have just been written), for all its columns.
-        row = torch.unique(torch.cat(parts))
+        # A row may come twice (the oldest or the old head's may have just been written): both
+        # copies read the same state and write the same result (no unique: its size is a host
+        # read on CUDA).
+        row = torch.cat(parts)
         cols = torch.arange(columns, device=index.device).repeat(row.shape[0])
         self._refresh(index, cols, row.repeat_interleave(columns), length)
 

@@ -27,6 +27,7 @@ from gpubuf.errors import (
     TrajectoryLengthError,
     UnsupportedOptionError,
 )
+from gpubuf.ops._dispatch import device_path
 from gpubuf.samplers._columns import as_key, flag_column, flags_per_column, has_key, read_key
 from gpubuf.samplers._episodes import EpisodeIndex
 from gpubuf.samplers._fragments import FragmentIndex
@@ -385,7 +386,8 @@ class SliceSampler(Sampler):
         if self._pending:
             parts = [self._time_rows(p, columns) for p in self._pending]
             rows = (parts[0] if len(parts) == 1 else torch.cat(parts)).to(device)
-            if rows.device.type == "cpu":
+            if not device_path(rows, self._backend):
+                # (On the device path that check is a host read: the writers' rows are trusted.)
                 n = rows.shape[0]
                 if int(rows[0]) != index.written % capacity or int(rows[-1]) != (index.written + n - 1) % capacity:
                     # Not a round-robin continuation (another writer, a direct write): read everything,

@@ -100,6 +100,38 @@ def test_a_prioritized_slice_sample_is_the_windows_draw_and_the_gather(flags):
     assert (windows["priority_weight"] == windows["priority_weight"][:, :1]).all()
 
 
+def test_prioritized_slice_writes_updates_and_samples_on_the_device_path_never_sync():
+    """The loop a learner runs (extend, sample, update the sampled steps' priorities), repeated
+    with wrap-around: the held-aside steps move between the two trees by masks, never by a
+    selection whose size the host would wait for, and the batches are the host path's."""
+
+    def make(backend):
+        rb = _buffer(PrioritizedSliceSampler(300, alpha=0.7, beta=0.5, num_slices=8, traj_key="episode"), backend,
+                     False)
+        rb.sample()
+        return rb
+
+    rb, host = make("triton"), make("auto")
+    gen = torch.Generator().manual_seed(7)
+    for step in range(4):
+        data = _steps(60, False)
+        data["episode"] += 1000 * (step + 1)
+        priority = torch.rand(64, generator=gen) + 0.1
+        with count_device_work("cpu") as work:
+            rb.extend(data)
+            batch = rb.sample()
+            rb.update_priority(batch["index"], priority)
+        assert work.host_syncs == 0, work.summary()
+        host.extend(data)
+        want = host.sample()
+        host.update_priority(want["index"], priority)
+        assert torch.equal(batch["index"], want["index"]), step
+        torch.testing.assert_close(batch["priority_weight"], want["priority_weight"], rtol=1e-6, atol=0)
+        torch.testing.assert_close(rb.sampler.tree.values(), host.sampler.tree.values(), rtol=1e-6, atol=0)
+        torch.testing.assert_close(rb.sampler._held.values(), host.sampler._held.values(), rtol=1e-6, atol=0)
+    rb.sampler.check_errors()
+
+
 def test_a_prioritized_slice_draw_from_an_empty_tree_is_reported_at_the_check_without_a_sync():
     """Every priority 0 (eps 0): the fused draw flags the tree on the device instead of reading its
     total on the host; ``check_errors`` raises it, once."""
