@@ -158,8 +158,12 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         if self._excluded_for is None:
             return
         flat = self._flat_index(index, storage)
-        # Negative indices (ignored by the update) stay negative: nothing moves for them.
-        self._move(torch.where(self._excluded[flat.clamp_min(0)], flat, -1), to_held=True)
+        # Negative indices (ignored by the update) move nothing, nor do indices past the tree (on
+        # the device path the update records them as an error instead of raising): both become
+        # -1, and the exclusions are read at a clamped index, never out of bounds.
+        last = self._excluded.shape[0] - 1
+        held = self._excluded[flat.clamp(0, last)] & (flat >= 0) & (flat <= last)
+        self._move(torch.where(held, flat, -1), to_held=True)
 
     # ------------------------------------------------------------------ exclusions
     def _move(self, flat: torch.Tensor, *, to_held: bool) -> None:

@@ -63,6 +63,42 @@ SLICE_LEN = 32
 
 
 def _slice_sample(config: ProfileConfig, *, kind: str) -> Callable[[], Any]:
+    rb, batch = _slice_buffer(config, kind=kind)
+    return lambda: rb.sample(batch)
+
+
+def _slice_cycle(config: ProfileConfig, *, kind: str) -> Callable[[], Any]:
+    """A learner's step: extend ``B`` new steps (whole episodes of 20 to 200 steps, continued
+    from one call to the next), sample ``B``, and for the prioritized sampler update the sampled
+    steps' priorities. The boundaries of the new steps are read at the sample."""
+    rb, batch = _slice_buffer(config, kind=kind)
+    device = config.device
+    g = torch.Generator().manual_seed(config.seed + 1)
+    chunks, priorities = [], []
+    first = 10**9  # episode ids after every stored one
+    for _ in range(4):
+        lengths = torch.randint(20, 201, (batch // 20 + 1,), generator=g)
+        episode = torch.repeat_interleave(torch.arange(lengths.shape[0]) + first, lengths)[:batch]
+        first = int(episode[-1]) + 1
+        done = torch.zeros(batch, 1, dtype=torch.bool)
+        done[:-1, 0] = episode[1:] != episode[:-1]
+        chunks.append(TensorDict({"obs": torch.randn(batch, 4, generator=g), "episode": episode,
+                                  ("next", "done"): done}, [batch]).to(device))
+        priorities.append((torch.rand(batch, generator=g) + 0.1).to(device))
+    step = iter(range(1 << 62))
+
+    def cycle() -> None:
+        i = next(step) % len(chunks)
+        rb.extend(chunks[i])
+        sampled = rb.sample(batch)
+        if kind == "prioritized":
+            rb.update_priority(sampled["index"], priorities[i])
+
+    return cycle
+
+
+def _slice_buffer(config: ProfileConfig, *, kind: str) -> tuple[Any, int]:
+    """A buffer of ``rows`` steps with the ``kind`` slice sampler, its boundaries read; and the batch size."""
     n, device = config.rows, config.device
     g = torch.Generator().manual_seed(config.seed)
     # Without replacement, episodes that all hold a slice: the epoch's picks then go straight to
@@ -99,7 +135,7 @@ def _slice_sample(config: ProfileConfig, *, kind: str) -> Callable[[], Any]:
     rb.extend(data.to(device))
     batch = num_slices * SLICE_LEN
     rb.sample(batch)  # reads the boundaries written (work proportional to the rows, once)
-    return lambda: rb.sample(batch)
+    return rb, batch
 
 
 #: name -> builder(config) of the call to count: the profiled sample and extend, and the
@@ -111,6 +147,8 @@ WORKLOADS: dict[str, Callable[[ProfileConfig], Callable[[], Any]]] = {
     "slice-sample": lambda config: _slice_sample(config, kind="uniform"),
     "prioritized-slice-sample": lambda config: _slice_sample(config, kind="prioritized"),
     "slice-sample-without-replacement": lambda config: _slice_sample(config, kind="without-replacement"),
+    "slice-cycle": lambda config: _slice_cycle(config, kind="uniform"),
+    "prioritized-slice-cycle": lambda config: _slice_cycle(config, kind="prioritized"),
 }
 
 

@@ -132,6 +132,26 @@ def test_prioritized_slice_writes_updates_and_samples_on_the_device_path_never_s
     rb.sampler.check_errors()
 
 
+def test_a_prioritized_slice_update_past_the_tree_is_reported_at_the_check_without_a_sync():
+    """An index past the tree, on the device path: the update skips it and records the error (no
+    host read), the exclusions are read at a clamped index (never out of bounds), and the valid
+    entry lands."""
+    from gpubuf.errors import IndexOutOfRangeError
+
+    sampler = PrioritizedSliceSampler(300, alpha=1.0, beta=0.5, num_slices=8, traj_key="episode")
+    rb = _buffer(sampler, "triton", False)
+    rb.sample()
+    before = sampler.tree.values() + sampler._held.values()
+    with count_device_work("cpu") as work:
+        rb.update_priority(torch.tensor([5, 10**6]), torch.tensor([2.0, 3.0]))
+    assert work.host_syncs == 0, work.summary()
+    with pytest.raises(IndexOutOfRangeError):
+        sampler.check_errors()
+    after = sampler.tree.values() + sampler._held.values()
+    assert float(after[5]) == 2.0
+    assert torch.equal(torch.cat([after[:5], after[6:]]), torch.cat([before[:5], before[6:]]))
+
+
 def test_a_prioritized_slice_draw_from_an_empty_tree_is_reported_at_the_check_without_a_sync():
     """Every priority 0 (eps 0): the fused draw flags the tree on the device instead of reading its
     total on the host; ``check_errors`` raises it, once."""
