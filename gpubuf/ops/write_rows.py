@@ -102,6 +102,6 @@ def write_rows_trusted(
             as CUDA tensors do under ``"auto"``.
     """
     if device_path(dests[0], backend) and all(src.device == dests[0].device for src in sources):
-        implementation("write_rows", "triton")(list(dests), list(sources), first)
+        implementation("write_rows", "triton")(dests, sources, first, checked=False)
     else:
         write_rows_ref(dests, sources, first)

@@ -697,7 +697,7 @@ class LazyMemmapStorage(LazyTensorStorage):
             return super()._copy_rows(first, skip, count, leaves)
         # A batch read from the storage itself is a view of its mapping: copied first, as the
         # tensor storage does (a copy through the mapping refuses overlapping memory).
-        leaves = _unaliased(leaves, self._leaves)
+        leaves = _unaliased(leaves, self._store_spans())
         head = min(count, self._capacity_along_dim0 - first)
         filled = self._len_along_dim0
         # On a memory-only file system nothing is ever written back: the mapping is always a plain copy.
@@ -920,6 +920,7 @@ class LazyMemmapStorage(LazyTensorStorage):
             state[name] = None
         state["_attached_entities"] = []
         state.pop("_pending_rows", None)
+        state.pop("_spans", None)  # the mapped leaves' ranges: the child maps them anew
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ storage exactly as it was.
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Any, Collection, Sequence
 
@@ -71,6 +72,9 @@ class TensorStorage(Storage):
             ``[3, 4]`` has capacity 3 with ``ndim=1`` and 12 with ``ndim=2``.
         compilable: accepted for TorchRL compatibility.
     """
+
+    #: The leaves' byte ranges for the alias check of a write (see :meth:`_store_spans`).
+    _spans: "_StoreSpans | None" = None
 
     # A buffer's update_if_present patches records in place here.
     supports_conditional_update = True
@@ -269,9 +273,16 @@ class TensorStorage(Storage):
         skip = max(n - cap0, 0)
         return n, leaves, (start + skip) % cap0, skip, n - skip
 
+    def _store_spans(self) -> _StoreSpans:
+        """The byte ranges of the leaves, kept until the leaves list is replaced (an allocation)."""
+        spans = self._spans
+        if spans is None or spans.stores is not self._leaves:
+            spans = self._spans = _StoreSpans(self._leaves)
+        return spans
+
     def _copy_rows(self, first: int, skip: int, count: int, leaves: list[torch.Tensor]) -> None:
         """Copies ``count`` batch rows from ``skip`` on into storage rows ``first, ...``, wrapping once."""
-        leaves = _unaliased(leaves, self._leaves)
+        leaves = _unaliased(leaves, self._store_spans())
         if skip or any(leaf.shape[0] != count for leaf in leaves):
             leaves = [leaf[skip : skip + count] for leaf in leaves]
         write_rows_trusted(self._leaves, leaves, first, backend=self._backend)
@@ -329,7 +340,7 @@ class TensorStorage(Storage):
             cursor = tuple(torch.as_tensor(c, dtype=torch.long, device=self._leaves[0].device) for c in cursor)
         elif not isinstance(cursor, (int, slice)):
             cursor = torch.as_tensor(np.asarray(cursor), dtype=torch.long, device=self._leaves[0].device)
-        for store, leaf in zip(self._leaves, _unaliased(leaves, self._leaves)):
+        for store, leaf in zip(self._leaves, _unaliased(leaves, self._store_spans())):
             store[cursor] = leaf
         if set_cursor:
             written = len(rows) if item_offset else len(rows) * self._rest_numel
@@ -584,20 +595,37 @@ def _check_state(state_dict: Any, ndim: int) -> tuple[Any, int]:
     return data, int(length)
 
 
-def _unaliased(leaves: list[torch.Tensor], stores: list[torch.Tensor]) -> list[torch.Tensor]:
-    """``leaves``, with a copy of each one whose memory overlaps one of the storage's ``stores``.
+class _StoreSpans:
+    """The byte ranges a storage's leaves occupy, merged and sorted, for :meth:`overlapping`."""
+
+    __slots__ = ("stores", "starts", "ends")
+
+    def __init__(self, stores: list[torch.Tensor]) -> None:
+        self.stores = stores  # the list they were made from: the storage's own, same lifetime
+        merged: list[list[int]] = []
+        for lo, hi in sorted(_span(store) for store in stores):
+            if merged and lo <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        self.starts = [lo for lo, _ in merged]
+        self.ends = [hi for _, hi in merged]
+
+    def overlapping(self, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor``'s memory overlaps any of the ranges (an empty tensor's never does)."""
+        lo, hi = _span(tensor)
+        i = bisect.bisect_left(self.starts, hi) - 1  # the last range starting before hi
+        return hi > lo and i >= 0 and self.ends[i] > lo
+
+
+def _unaliased(leaves: list[torch.Tensor], spans: _StoreSpans) -> list[torch.Tensor]:
+    """``leaves``, with a copy of each one whose memory overlaps one of the storage's leaves.
 
     A batch read from the buffer itself (``rb.extend(rb[0:10])``) may be a view of the rows it is
     about to overwrite: copied first, a write that wraps never reads a row it already changed.
     Compares address ranges only (metadata: no data is read, no device synchronisation).
     """
-    spans = [_span(store) for store in stores]
-    out = []
-    for leaf in leaves:
-        lo, hi = _span(leaf)
-        overlaps = any(lo < s_hi and s_lo < hi for s_lo, s_hi in spans) and hi > lo
-        out.append(leaf.clone() if overlaps else leaf)
-    return out
+    return [leaf.clone() if spans.overlapping(leaf) else leaf for leaf in leaves]
 
 
 def _span(tensor: torch.Tensor) -> tuple[int, int]:

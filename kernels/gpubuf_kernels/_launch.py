@@ -133,10 +133,12 @@ def unit_bytes(*sizes: int) -> int:
     Returns:
         16, 8, 4, 2 or 1.
     """
-    for width in (16, 8, 4, 2):
-        if all(size % width == 0 for size in sizes):
-            return width
-    return 1
+    # The largest power of two dividing them all is the lowest bit set in any of them (none set:
+    # they are all 0, which every width divides).
+    bits = 0
+    for size in sizes:
+        bits |= size
+    return min(bits & -bits, 16) if bits else 16
 
 
 def device_guard(device: torch.device) -> ContextManager:

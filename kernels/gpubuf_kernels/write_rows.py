@@ -105,7 +105,9 @@ def _copy_beside(dst: torch.Tensor, src: torch.Tensor, first: int) -> None:
         dst[: src.shape[0] - head].copy_(src[head:])
 
 
-def write_rows_triton(dests: Sequence[torch.Tensor], sources: Sequence[torch.Tensor], first: int) -> None:
+def write_rows_triton(
+    dests: Sequence[torch.Tensor], sources: Sequence[torch.Tensor], first: int, *, checked: bool = True
+) -> None:
     """Writes ``dests[i][(first + b) % N] = sources[i][b]`` for every field in one Triton launch.
 
     Semantics are those of :func:`gpubuf.ops.write_rows.write_rows_ref`; rows are copied as raw
@@ -119,14 +121,17 @@ def write_rows_triton(dests: Sequence[torch.Tensor], sources: Sequence[torch.Ten
             transposed view) or that is a lazy conjugate or negative view is copied with
             ``copy_`` beside the launch. They must not overlap ``dests``.
         first: the storage row batch row 0 goes to, in ``[0, N)``.
+        checked: validate the arguments first; False for a caller that guarantees them (a
+            storage writing a batch it has matched to its leaves: the checks cost more host
+            time than the launch).
 
     Raises:
         TypeError: a non-strided or scalar field, or a batch field of another dtype.
         ValueError: mismatched counts, rows, shapes or devices, an unsupported device, a
             non-contiguous storage field, ``B > N`` or ``first`` out of range.
     """
-    dests, sources = list(dests), list(sources)
-    _validate(dests, sources, first)
+    if checked:
+        _validate(list(dests), list(sources), first)
     count = sources[0].shape[0]
     if count == 0:
         return
@@ -135,7 +140,8 @@ def write_rows_triton(dests: Sequence[torch.Tensor], sources: Sequence[torch.Ten
     for dst, src in zip(dests, sources):
         if not math.prod(src.shape[1:]):
             continue  # rows of no bytes
-        if not _is_dense(src):
+        # A contiguous batch field (the common case) is dense without looking at its strides.
+        if not (src.is_contiguous() and not (src.is_conj() or src.is_neg())) and not _is_dense(src):
             _copy_beside(dst, src, first)
             continue
         address = dst.data_ptr()
