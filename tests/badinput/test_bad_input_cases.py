@@ -334,3 +334,17 @@ def test_tensordict_buffer_setitem_of_a_plain_tensor_is_refused():
     rb = TensorDictReplayBuffer(storage=LazyStackStorage(8))
     rb.extend(TensorDict({"a": torch.arange(3.0)}, [3]))
     refused(rb, lambda: rb.__setitem__(0, torch.ones(2)), TypeError, UnsupportedDataError)
+
+
+def test_the_alias_check_sees_every_leaf_of_the_storage():
+    """A write copies a batch field first when its memory overlaps any of the storage's leaves,
+    whichever leaf and wherever in the sorted ranges it lies; nothing else is copied."""
+    from gpubuf.storages.tensor import _StoreSpans
+
+    shared = torch.zeros(100)
+    others = [torch.zeros(10) for _ in range(6)]
+    spans = _StoreSpans([others[3], shared[:40], others[0], shared[60:], others[5]])
+    assert spans.overlapping(shared[45:50])  # the same memory as two of the leaves
+    assert spans.overlapping(others[0][3:]) and spans.overlapping(others[5][:1]) and spans.overlapping(others[3])
+    assert not any(spans.overlapping(t) for t in (others[1], others[2], others[4], torch.zeros(5)))
+    assert not spans.overlapping(torch.zeros(0))
