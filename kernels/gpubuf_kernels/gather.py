@@ -146,17 +146,9 @@ def _copy_scalar(entry_ptr, out_base, batch, rows, src_rows, row_mask, UNIT: tl.
 
 
 @triton.jit
-def _copy_rows(
-    entry_ptr,  # int64 [_TABLE_COLS]: one source's pointer-table row
-    out_base,  # int64: base address of launcher-allocated outputs (0 for given ones)
-    batch,  # int64: B
-    rows,  # int64 [BLOCK_ROWS]: output row numbers of this program
-    src_rows,  # int64 [BLOCK_ROWS]: the source row each output row is copied from
-    row_mask,  # bool [BLOCK_ROWS]: rows to copy
-    col_split,  # int64: this program's first column step
-    n_col_splits,  # int64: column steps are dealt out over this many programs
-):
-    """Copies ``src_rows`` of one source to output ``rows`` with the tile of its width class."""
+def _copy_rows(entry_ptr, out_base, batch, rows, src_rows, row_mask, col_split, n_col_splits):
+    """Copies ``src_rows`` of one source to output ``rows`` with the tile of its width class
+    (arguments as :func:`_copy_wide`)."""
     kind = tl.load(entry_ptr + _KIND)
     if kind == 0:
         _copy_wide(entry_ptr, out_base, batch, rows, src_rows, row_mask, col_split, n_col_splits,
@@ -185,6 +177,15 @@ def _copy_rows(
 
 
 @triton.jit
+def _program_place(BLOCK_ROWS: tl.constexpr):
+    """This program's place in the ``(row blocks, source groups, column splits)`` grid: its
+    ``BLOCK_ROWS`` row numbers (int64), its source group and their number, its column split and
+    their number."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    return rows, tl.program_id(1), tl.num_programs(1), tl.program_id(2).to(tl.int64), tl.num_programs(2).to(tl.int64)
+
+
+@triton.jit
 def _gather_rows_kernel(
     table_ptr,  # int64 [S, _TABLE_COLS]: pointer table, one row per source (module docstring)
     index_ptr,  # int32 or int64 [B]: source row of every output row
@@ -194,12 +195,7 @@ def _gather_rows_kernel(
     n_sources,  # S, rows of the table
     BLOCK_ROWS: tl.constexpr,  # output rows per program, a power of two
 ):
-    pid_r = tl.program_id(0).to(tl.int64)
-    group = tl.program_id(1)
-    n_groups = tl.num_programs(1)
-    col_split = tl.program_id(2).to(tl.int64)
-    n_col_splits = tl.num_programs(2).to(tl.int64)
-    rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    rows, group, n_groups, col_split, n_col_splits = _program_place(BLOCK_ROWS)
     in_batch = rows < batch
     src_rows = tl.load(index_ptr + rows, mask=in_batch, other=0).to(tl.int64)
     # An index outside [0, N) (possible only with check_bounds=False) leaves its output row

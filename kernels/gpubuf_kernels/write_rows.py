@@ -31,7 +31,7 @@ import triton.language as tl
 from gpubuf_kernels._config import GATHER_ROWS
 from gpubuf_kernels._launch import cdiv, check_launch_device, device_guard, launch
 from gpubuf_kernels._tables import device_table
-from gpubuf_kernels.gather import _MAX_GRID_Y, _TABLE_COLS, _copy_rows, _is_dense, _source_entry
+from gpubuf_kernels.gather import _MAX_GRID_Y, _TABLE_COLS, _copy_rows, _is_dense, _program_place, _source_entry
 
 __all__ = ["write_rows_triton", "SPECIALIZATIONS"]
 
@@ -45,12 +45,7 @@ def _write_rows_kernel(
     n_sources,  # S, rows of the table
     BLOCK_ROWS: tl.constexpr,  # batch rows per program, a power of two
 ):
-    pid_r = tl.program_id(0).to(tl.int64)
-    group = tl.program_id(1)
-    n_groups = tl.num_programs(1)
-    col_split = tl.program_id(2).to(tl.int64)
-    n_col_splits = tl.num_programs(2).to(tl.int64)
-    batch_rows = pid_r * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    batch_rows, group, n_groups, col_split, n_col_splits = _program_place(BLOCK_ROWS)
     in_batch = batch_rows < count
     ring_rows = (first + batch_rows) % capacity
     for source in range(group, n_sources, n_groups):
