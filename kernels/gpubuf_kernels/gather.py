@@ -449,34 +449,46 @@ def gather_rows_triton(
     if batch == 0 or not entries:
         return outs
 
-    cfg = GATHER_ROWS
-    block_rows = cfg["BLOCK_ROWS"]
-    if not _is_pow2(block_rows):
-        raise ValueError(f"GATHER_ROWS config needs BLOCK_ROWS a power of two, got {cfg}")
-    row_blocks = cdiv(batch, block_rows)
-    if row_blocks > _MAX_ROW_BLOCKS:
-        raise ValueError(f"batch of {batch} rows needs {row_blocks} programs, above the grid limit {_MAX_ROW_BLOCKS}")
     n_sources = len(entries) // _TABLE_COLS.value
-    # Enough programs to fill the device: small batches spread their sources, then the column
-    # steps of wide rows, over more programs; large batches give each program every source.
-    target = cfg["TARGET_PROGRAMS"]
-    groups = max(1, min(n_sources, cdiv(target, row_blocks), _MAX_GRID_Y))
-    splits = max(1, min(steps, cdiv(target, row_blocks * groups), _MAX_GRID_Y))
     table = device_table(entries, _TABLE_COLS.value, device)
     with device_guard(device):
         launch(
             _gather_rows_kernel,
-            (row_blocks, groups, splits),
+            row_grid(batch, n_sources, steps),
             table,
             index.contiguous(),
             out_base,
             sources[0].shape[0],
             batch,
             n_sources,
-            BLOCK_ROWS=block_rows,
-            num_warps=cfg["num_warps"],
+            BLOCK_ROWS=GATHER_ROWS["BLOCK_ROWS"],
+            num_warps=GATHER_ROWS["num_warps"],
         )
     return outs
+
+
+def row_grid(rows: int, n_sources: int, steps: int) -> tuple[int, int, int]:
+    """The ``(row blocks, source groups, column splits)`` grid of a row copy (:func:`_copy_rows`)
+    of ``rows`` rows of ``n_sources`` sources whose widest row takes ``steps`` column steps.
+
+    Enough programs to fill the device: small batches spread their sources, then the column
+    steps of wide rows, over more programs; large batches give each program every source.
+
+    Raises:
+        ValueError: a :data:`GATHER_ROWS` ``BLOCK_ROWS`` that is not a power of two, or more row
+            blocks than a grid takes.
+    """
+    cfg = GATHER_ROWS
+    block_rows = cfg["BLOCK_ROWS"]
+    if not _is_pow2(block_rows):
+        raise ValueError(f"GATHER_ROWS config needs BLOCK_ROWS a power of two, got {cfg}")
+    row_blocks = cdiv(rows, block_rows)
+    if row_blocks > _MAX_ROW_BLOCKS:
+        raise ValueError(f"a copy of {rows} rows needs {row_blocks} programs, above the grid limit {_MAX_ROW_BLOCKS}")
+    target = cfg["TARGET_PROGRAMS"]
+    groups = max(1, min(n_sources, cdiv(target, row_blocks), _MAX_GRID_Y))
+    splits = max(1, min(steps, cdiv(target, row_blocks * groups), _MAX_GRID_Y))
+    return row_blocks, groups, splits
 
 
 def _allocated_outputs(sources: list[torch.Tensor], index: torch.Tensor, plan: _Plan) -> tuple[list, int]:

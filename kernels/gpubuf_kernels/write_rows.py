@@ -29,9 +29,9 @@ import triton
 import triton.language as tl
 
 from gpubuf_kernels._config import GATHER_ROWS
-from gpubuf_kernels._launch import cdiv, check_launch_device, device_guard, launch
+from gpubuf_kernels._launch import check_launch_device, device_guard, launch
 from gpubuf_kernels._tables import device_table
-from gpubuf_kernels.gather import _MAX_GRID_Y, _TABLE_COLS, _copy_rows, _is_dense, _program_place, _source_entry
+from gpubuf_kernels.gather import _TABLE_COLS, _copy_rows, _is_dense, _program_place, _source_entry, row_grid
 
 __all__ = ["write_rows_triton", "SPECIALIZATIONS"]
 
@@ -145,26 +145,18 @@ def write_rows_triton(
         steps = max(steps, src_steps)
     if not entries:
         return
-    cfg = GATHER_ROWS
-    block_rows = cfg["BLOCK_ROWS"]
-    row_blocks = cdiv(count, block_rows)
     n_sources = len(entries) // _TABLE_COLS.value
-    # As the gather: small batches spread their fields, then the column steps of wide rows, over
-    # more programs so that the device has enough of them.
-    target = cfg["TARGET_PROGRAMS"]
-    groups = max(1, min(n_sources, cdiv(target, row_blocks), _MAX_GRID_Y))
-    splits = max(1, min(steps, cdiv(target, row_blocks * groups), _MAX_GRID_Y))
     device = dests[0].device
     table = device_table(tuple(entries), _TABLE_COLS.value, device)
     with device_guard(device):
         launch(
             _write_rows_kernel,
-            (row_blocks, groups, splits),
+            row_grid(count, n_sources, steps),
             table,
             first,
             dests[0].shape[0],
             count,
             n_sources,
-            BLOCK_ROWS=block_rows,
-            num_warps=cfg["num_warps"],
+            BLOCK_ROWS=GATHER_ROWS["BLOCK_ROWS"],
+            num_warps=GATHER_ROWS["num_warps"],
         )
