@@ -51,8 +51,10 @@ def slice_windows_ref(
     Args:
         slots: ``int64 [>= T]``, the ring of eligible trajectory numbers.
         start, stop: ``int64 [>= T]``, absolute start and stop (inclusive) time per slot.
-        front, back: ``int64 [1]``, the ring's first position and one past its last
-            (``back > front``; with none eligible the result is in range but meaningless).
+        front, back: ``int64 [1]``, the ring's first position and one past its last. With
+            none eligible (``back <= front``) every row is ``-1`` and every mark False: a
+            gather leaves such rows unread, and the device path reports the draw (see
+            :func:`slice_windows_trusted`'s ``error``).
         uniforms: ``float64 [2 * S]`` in ``[0, 1)``.
         lower: the absolute time of the oldest live row.
         capacity: ``T``.
@@ -80,7 +82,9 @@ def slice_windows_ref(
         torch.zeros_like(last) if terminated is None else terminated[rows],
         head if init is None else init[rows] | head,
     ])
-    return rows, marks
+    # An empty ring: no window (a mask, not a branch, so that no count is read on the host).
+    drawn = count > 0
+    return torch.where(drawn, rows, -1), marks & drawn
 
 
 def _check(slots: torch.Tensor, start: torch.Tensor, stop: torch.Tensor, front: torch.Tensor, back: torch.Tensor,
@@ -151,6 +155,7 @@ def slice_windows_trusted(
     seq_length: int,
     flags: tuple,
     backend: str = "auto",
+    error: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The sample path's entry: :func:`slice_windows` without the argument checks.
 
@@ -158,9 +163,13 @@ def slice_windows_trusted(
     and guarantee :func:`slice_windows_ref`'s contract (contiguous 1-D tables of the dtypes
     given there, on one device); ``flags`` is the ``(done, terminated, init)`` triple. The
     checks cost more than the draw itself for a batch of a few dozen slices on a CPU.
+
+    ``error``: an ``int32 [1]`` word on the device path, set to 1 by a draw from an empty ring
+    (without a host read); ignored elsewhere, where callers read the count on the host first.
     """
     if device_path(uniforms, backend):
-        return _run("triton", slots, start, stop, front, back, uniforms, lower, capacity, seq_length, flags)
+        kernel = implementation("slice_windows", "triton")
+        return kernel(slots, start, stop, front, back, uniforms, lower, capacity, seq_length, *flags, error=error)
     if backend in ("auto", "numba") and not uniforms.is_cuda and numba_enabled():
         return _run("numba", slots, start, stop, front, back, uniforms, lower, capacity, seq_length, flags)
     return slice_windows(slots, start, stop, front, back, uniforms, lower, capacity, seq_length, *flags, backend=backend)

@@ -145,14 +145,16 @@ class EpisodeIndex:
         return self.pick(elig, k)
 
     def windows(
-        self, pool: int, length: int, uniforms: torch.Tensor, flags: tuple = (None, None, None), backend: str = "auto"
+        self, pool: int, length: int, uniforms: torch.Tensor, flags: tuple = (None, None, None), backend: str = "auto",
+        error: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows and marks of ``S = uniforms.numel() // 2`` windows of ``length`` steps in
         trajectories drawn among those at least ``pool`` long (one column only), with the stored
-        ``(done, terminated, init)`` flag columns ``flags``: see :func:`slice_windows`."""
+        ``(done, terminated, init)`` flag columns ``flags``: see :func:`slice_windows` (and
+        :func:`~gpubuf.ops.slice_windows.slice_windows_trusted` for ``error``)."""
         elig = self.eligible(pool)
         return slice_windows_trusted(*self._column_tables(elig), uniforms, self.lower, self.capacity, length, flags,
-                                     backend)
+                                     backend, error)
 
     def _column_tables(self, elig: _Eligible) -> tuple:
         """``(slots, start, stop, front, back)`` of column 0 as 1-D tensors: the same objects

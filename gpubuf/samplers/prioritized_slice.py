@@ -133,6 +133,10 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
     def mark_update(self, index: Any, *, storage: Any = None) -> None:
         PrioritizedSampler.mark_update(self, index, storage=storage)
 
+    def check_errors(self) -> None:
+        """Raises what the tree's kernels recorded (see :meth:`PrioritizedSampler.check_errors`)."""
+        PrioritizedSampler.check_errors(self)
+
     def _empty(self) -> None:
         PrioritizedSampler._empty(self)
         SliceSampler._empty(self)

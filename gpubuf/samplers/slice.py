@@ -229,6 +229,11 @@ class SliceSampler(Sampler):
         # L whether some trajectory is L long (key L) and whether none is shorter (key -L), and
         # the number of trajectories (key "trajectories").
         self._nonempty: dict[int | str, bool | int] = {}
+        # The device path's window draw: the (index, slice length) pairs whose trajectories were
+        # seen on the host to hold a slice, and the error word a later empty draw sets.
+        self._verified: tuple[Any, set] | None = None
+        self._errors: torch.Tensor | None = None
+        self._error_length = 0
         self._static = None
         self._templates: dict = {}  # constant tensors of a draw's shape (offsets, marks)
         self._flags_cache: tuple | None = None  # what _flag_columns found, and for what
@@ -510,6 +515,42 @@ class SliceSampler(Sampler):
             known = self._nonempty["trajectories"] = int(index.count(1))
         return known
 
+    def _verified_once(self, index: EpisodeIndex, length: int) -> bool:
+        """:meth:`_has_eligible`, read on the host only the first time for this index and length."""
+        verified = self._verified
+        if verified is not None and verified[0] is index and length in verified[1]:
+            return True
+        if not self._has_eligible(index, length):
+            return False
+        if verified is None or verified[0] is not index:
+            verified = self._verified = (index, set())
+        verified[1].add(length)
+        return True
+
+    def _error_word(self, device: torch.device, length: int) -> torch.Tensor:
+        """The ``int32 [1]`` word a device draw of slices of ``length`` sets when no trajectory holds one."""
+        if self._errors is None or self._errors.device != device:
+            self._errors = torch.zeros(1, dtype=torch.int32, device=device)
+        self._error_length = length
+        return self._errors
+
+    def check_errors(self) -> None:
+        """Raises what a draw on the device path recorded since the last check (one host read).
+
+        On CUDA (or ``backend="triton"``) with ``strict_length=True``, whether some trajectory
+        holds a slice is read on the host once per slice length; a write after which none does
+        makes the next draws return rows of ``-1`` (nothing gathered) and sets an error word on
+        the device instead of stalling every sample on a host read. Call this where the host
+        waits for the device anyway (a logging step, a checkpoint). A CPU draw raises at the call.
+
+        Raises:
+            TrajectoryLengthError: a draw found no trajectory ``L`` long; reported once.
+        """
+        word = self._errors
+        if word is not None and int(word.item()):
+            word.zero_()
+            raise self._no_trajectory(self._error_length)
+
     def _has_eligible(self, index: EpisodeIndex, length: int) -> bool:
         known = self._nonempty.get(length)
         if known is None:
@@ -646,18 +687,26 @@ class SliceSampler(Sampler):
     ) -> tuple[tuple[torch.Tensor, ...], dict]:
         """Windows of ``seq_length`` in trajectories drawn with the first half of ``u`` (or given
         as ``picked``), starting where the second half says."""
-        short = not self._has_eligible(index, seq_length)
+        window_path = not any(self.span) and picked is None and index.columns == 1
+        on_device = window_path and self.strict_length and device_path(u, self._backend)
+        if on_device:
+            # Read on the host once per index and length; a later write that leaves no
+            # trajectory L long is the window draw's recorded error (see check_errors).
+            short = not self._verified_once(index, seq_length)
+        else:
+            short = not self._has_eligible(index, seq_length)
         if self.strict_length and short:
             raise self._no_trajectory(seq_length)
         # Only without strict_length does a short trajectory change the output's shape.
         any_short = not self.strict_length and (short or not self._nonempty_equal(index, seq_length))
         pool = seq_length if self.strict_length else 1
         ragged = any_short or any(self.span)
-        if not ragged and picked is None and index.columns == 1:
+        if not ragged and window_path:
             # The common case: one launch (or compiled loop) draws and lists every window and,
             # where the flags are plain columns of the storage, marks its steps for the info.
             flags = self._flag_columns(storage, index)
-            rows, marks = index.windows(pool, seq_length, u, flags or (None, None, None), self._backend)
+            error = self._error_word(index.device, seq_length) if on_device else None
+            rows, marks = index.windows(pool, seq_length, u, flags or (None, None, None), self._backend, error)
             if flags is not None:
                 return self._finish_marked(rows, marks, init=flags[2] is not None)
             return self._finish(storage, index, rows, None, num_slices, seq_length, None, None)

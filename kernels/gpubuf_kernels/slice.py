@@ -30,6 +30,7 @@ def _slice_windows_kernel(
     init_ptr,  # bool [>= T] (read when HAS_INIT)
     rows_ptr,  # int64 [S * L]: out, the windows' rows
     marks_ptr,  # bool [4, S * L]: out, truncated / done / terminated / init per step
+    error_ptr,  # int32 [1]: set to 1 by a draw from an empty ring
     num_slices,
     capacity,
     lower,
@@ -42,9 +43,13 @@ def _slice_windows_kernel(
 ):
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
-    mask = offs < num_slices
     front = tl.load(front_ptr)
     count = tl.load(back_ptr) - front
+    # An empty ring draws nothing: rows -1, marks False, and the error word set (the sampler
+    # raises it at its check; reading the count on the host would stall the device path).
+    if count <= 0:
+        tl.store(error_ptr, 1)
+    mask = (offs < num_slices) & ((offs * 0 + count) > 0)
     u_traj = tl.load(u_ptr + offs, mask=mask, other=0.0)
     u_start = tl.load(u_ptr + num_slices + offs, mask=mask, other=0.0)
     k = (u_traj * count.to(tl.float64)).to(tl.int64)
@@ -57,7 +62,9 @@ def _slice_windows_kernel(
     rows = (first[:, None] + j[None, :]) % capacity
     where = offs[:, None] * seq_length + j[None, :]
     inside = mask[:, None] & (j[None, :] < seq_length)
-    tl.store(rows_ptr + where, rows, mask=inside)
+    # Every output position of the batch is written, the empty ring's as -1 and False.
+    written = (offs < num_slices)[:, None] & (j[None, :] < seq_length)
+    tl.store(rows_ptr + where, tl.where(inside, rows, -1), mask=written)
     # The marks: one row of S * L flags each (int1 values stored as torch.bool bytes).
     total = num_slices * seq_length
     last = (j[None, :] == seq_length - 1) & inside
@@ -71,10 +78,10 @@ def _slice_windows_kernel(
     init = head
     if HAS_INIT:
         init = init | (tl.load(init_ptr + rows, mask=inside, other=0) != 0)
-    tl.store(marks_ptr + where, last, mask=inside)
-    tl.store(marks_ptr + total + where, done, mask=inside)
-    tl.store(marks_ptr + 2 * total + where, terminated, mask=inside)
-    tl.store(marks_ptr + 3 * total + where, init, mask=inside)
+    tl.store(marks_ptr + where, last, mask=written)
+    tl.store(marks_ptr + total + where, done, mask=written)
+    tl.store(marks_ptr + 2 * total + where, terminated, mask=written)
+    tl.store(marks_ptr + 3 * total + where, init, mask=written)
 
 
 def slice_windows_triton(
@@ -92,8 +99,12 @@ def slice_windows_triton(
     init: torch.Tensor | None = None,
     *,
     block: int | None = None,
+    error: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One launch: ``int64 [S * L]`` window rows and ``bool [4, S * L]`` marks of ``S = uniforms.numel() // 2`` slices.
+
+    ``error``: an ``int32 [1]`` word on the same device that a draw from an empty ring sets to 1
+    (rows ``-1``, marks False); None: such a draw is not reported.
 
     Raises:
         ValueError: inputs not on one CUDA device (or CPU under the interpreter), or not contiguous.
@@ -113,9 +124,11 @@ def slice_windows_triton(
     block = block or SLICE_WINDOWS["BLOCK"]
     block_l = next_power_of_2(seq_length)
     grid = (cdiv(num_slices, block),)
+    if error is None:
+        error = torch.empty(1, dtype=torch.int32, device=uniforms.device)  # written to, never read
     launch(
         _slice_windows_kernel, grid, slots, start, stop, front, back, uniforms,
-        *(marks if f is None else f for f in flags), rows, marks, num_slices, capacity, lower, seq_length,
+        *(marks if f is None else f for f in flags), rows, marks, error, num_slices, capacity, lower, seq_length,
         BLOCK=block, BLOCK_L=block_l, HAS_DONE=done is not None, HAS_TERMINATED=terminated is not None,
         HAS_INIT=init is not None, num_warps=SLICE_WINDOWS["num_warps"],
     )
@@ -163,7 +176,9 @@ def _sumtree_windows_kernel(
     rows = (first[:, None] + j[None, :]) % capacity
     where = offs[:, None] * seq_length + j[None, :]
     inside = mask[:, None] & (j[None, :] < seq_length)
-    tl.store(rows_ptr + where, rows, mask=inside)
+    # Every output position of the batch is written, the empty ring's as -1 and False.
+    written = (offs < num_slices)[:, None] & (j[None, :] < seq_length)
+    tl.store(rows_ptr + where, tl.where(inside, rows, -1), mask=written)
     steps = tl.zeros([BLOCK, BLOCK_L], dtype=tl.float64) + weight[:, None]
     tl.store(weights_ptr + where, steps.to(weights_ptr.dtype.element_ty), mask=inside)
     total = num_slices * seq_length
@@ -247,7 +262,7 @@ SPECIALIZATIONS = [
         "label": f"BLOCK_L={block_l},HAS_DONE={int(has_done)},HAS_TERMINATED={int(has_term)},HAS_INIT={int(has_init)}",
         "signature": {"slots_ptr": "*i64", "start_ptr": "*i64", "stop_ptr": "*i64", "front_ptr": "*i64",
                       "back_ptr": "*i64", "u_ptr": "*fp64", "done_ptr": "*i1", "terminated_ptr": "*i1",
-                      "init_ptr": "*i1", "rows_ptr": "*i64", "marks_ptr": "*i1", "num_slices": "i32",
+                      "init_ptr": "*i1", "rows_ptr": "*i64", "marks_ptr": "*i1", "error_ptr": "*i32", "num_slices": "i32",
                       "capacity": "i64", "lower": "i64", "seq_length": "i32"},
         "constexprs": {"BLOCK": SLICE_WINDOWS["BLOCK"], "BLOCK_L": block_l, "HAS_DONE": has_done,
                        "HAS_TERMINATED": has_term, "HAS_INIT": has_init},

@@ -152,6 +152,49 @@ def test_a_prioritized_slice_update_past_the_tree_is_reported_at_the_check_witho
     assert torch.equal(torch.cat([after[:5], after[6:]]), torch.cat([before[:5], before[6:]]))
 
 
+def test_a_slice_cycle_on_the_device_path_never_syncs_and_an_emptied_buffer_is_reported_at_the_check():
+    """Whether a trajectory holds a slice is read on the host once per length; after that a
+    write-sample cycle has no host read, and a write that leaves no trajectory long enough makes
+    the draw return rows of -1 and record the error, raised once by ``check_errors``. The host
+    path raises at the sample."""
+    from gpubuf.errors import TrajectoryLengthError
+
+    def make(backend):
+        rb = _buffer(SliceSampler(num_slices=8, traj_key="episode"), backend, False)
+        rb.sample()  # the first draw of slices of 8 reads the eligible count on the host
+        return rb
+
+    rb, host = make("triton"), make("auto")
+    for step in range(3):
+        data = _steps(60, False)
+        data["episode"] += 1000 * (step + 1)
+        with count_device_work("cpu") as work:
+            rb.extend(data)
+            batch = rb.sample()
+        assert work.host_syncs == 0, work.summary()
+        host.extend(data)
+        assert (batch == host.sample()).all()
+    rb.sampler.check_errors()  # nothing recorded
+    # Episodes of 3 steps over the whole ring: no slice of 8 anywhere.
+    short = _columns(torch.arange(300) // 3 + 10**6, (torch.arange(300) % 3 == 2).unsqueeze(-1), False)
+    chunks = short.split(60)
+    for chunk in chunks[:-1]:  # each write a part of the ring, each followed by a draw: the incremental path
+        rb.extend(chunk)
+        host.extend(chunk)
+        rb.sample()
+    with count_device_work("cpu") as work:
+        rb.extend(chunks[-1])
+        batch = rb.sample()
+    host.extend(chunks[-1])
+    assert work.host_syncs == 0, work.summary()
+    assert bool((batch["index"] == -1).all())
+    with pytest.raises(TrajectoryLengthError, match="required=8"):
+        rb.sampler.check_errors()
+    rb.sampler.check_errors()  # reported once
+    with pytest.raises(TrajectoryLengthError, match="required=8"):
+        host.sample()
+
+
 def test_a_prioritized_slice_draw_from_an_empty_tree_is_reported_at_the_check_without_a_sync():
     """Every priority 0 (eps 0): the fused draw flags the tree on the device instead of reading its
     total on the host; ``check_errors`` raises it, once."""

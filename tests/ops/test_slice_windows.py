@@ -91,3 +91,30 @@ def test_bad_inputs_raise():
         slice_windows(slots, start, stop, front, back, u, lower, 20, 2, done=torch.zeros(20, dtype=torch.uint8))
     with pytest.raises(ValueError):
         slice_windows(slots, start, stop, front, back, u, lower, 20, 2, init=torch.zeros(19, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("backend", ["torch", "numba", "triton"])
+def test_an_empty_ring_draws_no_window_and_the_device_draw_reports_it(backend, kernel_device):
+    """No eligible trajectory: every backend returns rows of -1 and no mark (a gather reads
+    nothing for them); the Triton draw sets the error word it is given, and only then."""
+    from gpubuf.ops.slice_windows import slice_windows_trusted
+
+    if backend == "numba" and not numba_importable():
+        pytest.skip("numba is not installed")
+    device = kernel_device if backend == "triton" else torch.device("cpu")
+    capacity, seq_length = 31, 4
+    slots, start, stop, front, back, lower, _ = _tables(6, capacity, seq_length, True)
+    u = torch.rand(2 * 9, dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    flags = torch.ones(3, capacity, dtype=torch.bool)  # every stored flag set: a False mark is no window
+    on = [t.to(device) for t in (slots, start, stop, front, front, u)]  # back == front: empty
+    error = torch.zeros(1, dtype=torch.int32, device=device)
+    rows, marks = slice_windows_trusted(*on, lower, capacity, seq_length, tuple(f.to(device) for f in flags),
+                                        backend, error)
+    assert rows.tolist() == [-1] * (9 * seq_length)
+    assert not bool(marks.any())
+    assert int(error) == (1 if backend == "triton" else 0)
+    if backend == "triton":
+        error.zero_()
+        full = [t.to(device) for t in (slots, start, stop, front, back, u)]
+        rows, _ = slice_windows_trusted(*full, lower, capacity, seq_length, (None, None, None), backend, error)
+        assert int(error) == 0 and int(rows.min()) >= 0

@@ -26,6 +26,10 @@ def slice_windows(slots, start, stop, front, back, uniforms, lower, capacity, se
     s_total = uniforms.shape[0] // 2
     front0 = front[0]
     count = back[0] - front0
+    if count <= 0:  # an empty ring: no window (the twin's -1 rows and False marks)
+        rows[:] = -1
+        marks[:, :] = False
+        return
     first = np.empty(s_total, np.int64)
     for s in range(s_total):
         # A float64 product cast to int64: the twin's floor for non-negative values.
