@@ -17,7 +17,8 @@
 #     slice    benchmarks/bench_slice.py on CUDA: the three slice samplers at N = 1M and 10M beside TorchRL, and replayed
 #              from a CUDA graph
 #     gather   the gather's GB/s next to the same run's device-to-device copy bandwidth
-#     counts   launches and host syncs of sample, extend, the prioritized cycle and the three slice samplers (B = 256, 65536),
+#     counts   launches and host syncs of sample, extend, the prioritized cycle, the three slice samplers and the two
+#              slice cycles (extend, sample, update) (B = 256, 65536),
 #              and the time a call of each takes 200 calls back to back
 #     graph    the CUDA graph tests (capture a fixed-size sample, replay it)
 #     aot      every kernel specialisation compiled for sm_80 and sm_90: registers, spills, occupancy

@@ -167,20 +167,25 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         # -1, and the exclusions are read at a clamped index, never out of bounds.
         last = self._excluded.shape[0] - 1
         held = self._excluded[flat.clamp(0, last)] & (flat >= 0) & (flat <= last)
-        self._move(torch.where(held, flat, -1), to_held=True)
+        self._move(torch.where(held, flat, -1))
 
     # ------------------------------------------------------------------ exclusions
-    def _move(self, flat: torch.Tensor, *, to_held: bool) -> None:
-        """Moves the leaves at ``flat`` from the tree to the held-aside tree (or back); negative
-        entries move nothing (the tree update ignores them), so callers mark what stays with -1
-        instead of selecting what moves (a selection's size is a host read on CUDA)."""
+    def _move(self, to_held: torch.Tensor, to_tree: torch.Tensor | None = None) -> None:
+        """Moves the leaves at ``to_held`` from the tree to the held-aside tree and those at
+        ``to_tree`` back, in one update of each tree. Negative entries move nothing (the tree
+        update ignores them), so callers mark what stays with -1 instead of selecting what moves
+        (a selection's size is a host read on CUDA)."""
+        flat = to_held if to_tree is None else torch.cat([to_held, to_tree])
         if flat.numel() == 0:
             return
-        source, target = (self._tree, self._held) if to_held else (self._held, self._tree)
-        values = source.values()[flat.clamp_min(0)].to(torch.float64)
-        sumtree_update(target, flat, values, alpha=1.0, eps=0.0, validate=False, backend=self._backend)
-        sumtree_update(source, flat, torch.zeros_like(values), alpha=1.0, eps=0.0, validate=False,
-                       backend=self._backend)
+        # Both trees' values are read before either is written.
+        held = self._tree.values()[to_held.clamp_min(0)].to(torch.float64)
+        into_tree = torch.zeros_like(held)
+        if to_tree is not None:
+            back = self._held.values()[to_tree.clamp_min(0)].to(torch.float64)
+            held, into_tree = torch.cat([held, torch.zeros_like(back)]), torch.cat([into_tree, back])
+        sumtree_update(self._held, flat, held, alpha=1.0, eps=0.0, validate=False, backend=self._backend)
+        sumtree_update(self._tree, flat, into_tree, alpha=1.0, eps=0.0, validate=False, backend=self._backend)
 
     def _tail_kept(self, seq_length: int) -> int:
         """How many last steps of a trajectory cannot start a slice."""
@@ -205,8 +210,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         flat = self._flat(index, col, row).to(self._tree.device)
         want = self._should_exclude(index, col, row, seq_length).to(self._tree.device)
         now = self._excluded[flat]
-        self._move(torch.where(want & ~now, flat, -1), to_held=True)
-        self._move(torch.where(~want & now, flat, -1), to_held=False)
+        self._move(torch.where(want & ~now, flat, -1), torch.where(~want & now, flat, -1))
         self._excluded[flat] = want
 
     def _refresh_all(self, index: EpisodeIndex, seq_length: int) -> None:
