@@ -17,7 +17,9 @@ from gpubuf_kernels.sumtree import _draw_leaves, _importance_weight
 __all__ = ["slice_windows_triton", "sumtree_windows_triton", "SPECIALIZATIONS"]
 
 
-@triton.jit
+# ``lower`` (the oldest live time) moves with every write once the ring is full: specialised on its
+# value it would compile a variant for each kind it takes (1, multiples of 16, others).
+@triton.jit(do_not_specialize=["lower"])
 def _slice_windows_kernel(
     slots_ptr,  # int64 [>= T]: ring of eligible trajectory numbers
     start_ptr,  # int64 [>= T]: absolute start time per slot

@@ -36,7 +36,9 @@ from gpubuf_kernels.gather import _TABLE_COLS, _copy_rows, _is_dense, _program_p
 __all__ = ["write_rows_triton", "SPECIALIZATIONS"]
 
 
-@triton.jit
+# ``first`` moves with every extend and ``count`` follows the batch: specialised on their values
+# (1, multiples of 16) they would compile a variant for each kind the loop meets.
+@triton.jit(do_not_specialize=["first", "count"])
 def _write_rows_kernel(
     table_ptr,  # int64 [S, _TABLE_COLS]: one row per field (module docstring)
     first,  # int64: the storage row batch row 0 goes to, in [0, N)
