@@ -81,7 +81,9 @@ def _pow(x, y, Y_IS_ZERO: tl.constexpr, Y_IS_ONE: tl.constexpr, LIBDEVICE: tl.co
         return tl.where(positive, tl.exp(tl.log(tl.where(positive, x, 1.0)) * y), 0.0)
 
 
-@triton.jit
+# ``limit`` (the items written) grows with every write while the buffer fills: specialised on its
+# value it would compile a variant for each kind it takes (1, multiples of 16, others).
+@triton.jit(do_not_specialize=["limit"])
 def _sumtree_claim_kernel(
     leaf_bits_ptr,  # int32 (float32 leaves) or int64 (float64 leaves) [n_leaves_padded]: the leaves' bits
     index_ptr,  # any int [n]: leaf indices, negative to skip
@@ -179,7 +181,7 @@ def _last_program_rebuilds_top(
         tl.atomic_xchg(flags_ptr + 1, 0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["limit"])  # as the claim kernel's
 def _sumtree_write_kernel(
     leaves_ptr,  # float32 or float64 [n_leaves_padded]
     leaf_bits_ptr,  # the same memory as int32 or int64
