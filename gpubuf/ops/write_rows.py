@@ -42,7 +42,8 @@ def write_rows_ref(dests: Sequence[torch.Tensor], sources: Sequence[torch.Tensor
 def _check(dests: Sequence[torch.Tensor], sources: Sequence[torch.Tensor], first: int) -> None:
     if not dests:
         raise ValueError("write_rows needs at least one destination tensor")
-    _checks.check_out_count(sources, dests, "destinations")
+    if len(sources) != len(dests):
+        raise ValueError(f"got {len(sources)} sources for {len(dests)} destinations: one source per destination")
     device = _checks.check_sources(dests, "destination", "N", "rows")
     _checks.check_sources(sources, "source", "B", "rows")
     for i, (dst, src) in enumerate(zip(dests, sources)):

@@ -121,12 +121,13 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         PrioritizedSampler.extend(self, index)
         # The written steps hold the default priority in the tree; what was held aside for the
         # steps they overwrote is dropped now, so an update before the next draw lands right.
-        # Every written step's held value is zeroed (it is 0 already where nothing was held): no
-        # selection of the held ones, whose size a CUDA host would have to wait for.
+        # The held ones are marked rather than selected (a selection's size is a host read on
+        # CUDA): the update ignores the -1 entries.
         flat = self._flat_index(index, self._storage)
         if flat.numel():
+            held = torch.where(self._excluded[flat], flat, -1)
             zeros = torch.zeros(flat.shape[0], dtype=torch.float64, device=flat.device)
-            sumtree_update(self._held, flat, zeros, alpha=1.0, eps=0.0, validate=False, backend=self._backend)
+            sumtree_update(self._held, held, zeros, alpha=1.0, eps=0.0, validate=False, backend=self._backend)
             self._excluded[flat] = False
         SliceSampler.extend(self, index)
 

@@ -283,8 +283,8 @@ class TensorStorage(Storage):
     def _copy_rows(self, first: int, skip: int, count: int, leaves: list[torch.Tensor]) -> None:
         """Copies ``count`` batch rows from ``skip`` on into storage rows ``first, ...``, wrapping once."""
         leaves = _unaliased(leaves, self._store_spans())
-        if skip or any(leaf.shape[0] != count for leaf in leaves):
-            leaves = [leaf[skip : skip + count] for leaf in leaves]
+        if skip:  # the batch is longer than the ring: its first rows are never stored
+            leaves = [leaf[skip:] for leaf in leaves]
         write_rows_trusted(self._leaves, leaves, first, backend=self._backend)
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:

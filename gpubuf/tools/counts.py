@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import time
 from typing import Any, Callable, Sequence
@@ -85,7 +86,7 @@ def _slice_cycle(config: ProfileConfig, *, kind: str) -> Callable[[], Any]:
         chunks.append(TensorDict({"obs": torch.randn(batch, 4, generator=g), "episode": episode,
                                   ("next", "done"): done}, [batch]).to(device))
         priorities.append((torch.rand(batch, generator=g) + 0.1).to(device))
-    step = iter(range(1 << 62))
+    step = itertools.count()
 
     def cycle() -> None:
         i = next(step) % len(chunks)

@@ -104,7 +104,7 @@ def test_the_validated_entry_writes_through_the_kernel_and_refuses_bad_arguments
         ([good[0][:, :1], good[1]], SchemaMismatchError, "rows of shape"),
         ([good[0], good[1][:2]], SchemaMismatchError, "rows"),
         ([_random(6, (2,), torch.float32, gen), _random(6, (), torch.int64, gen)], SchemaMismatchError, "do not fit"),
-        ([good[0]], ValueError, "outputs"),
+        ([good[0]], ValueError, "1 sources for 2 destinations"),
     ]
     for sources, error, match in bad:
         with pytest.raises(error, match=match):
