@@ -51,6 +51,7 @@ KERNELS: dict[tuple[str, str], str] = {
     ("slice_windows", "cpu"): "cpu.slice:slice_windows",
     ("sumtree_windows", "cuda"): "slice:sumtree_windows_triton",
     ("sumtree_windows", "cpu"): "cpu.slice:sumtree_windows",
+    ("episode_append", "cuda"): "episodes:episode_append_triton",
     ("encode_rows", "cpu"): "cpu.encoder:encode_rows",
     ("match_frames", "cpu"): "cpu.framestack:match_roots",
 }

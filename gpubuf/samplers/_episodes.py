@@ -20,10 +20,12 @@ column, a subsequence of the live ones that also only grows at the head and shri
 :class:`_Eligible` keeps it as a ring deque of trajectory numbers, so the ``k``-th eligible
 trajectory is one lookup and a draw of ``B`` slices is ``O(B)`` work, whatever the storage size.
 
-Every update is a fixed sequence of vectorized torch ops whose sizes depend only on the number
-of rows written (no ``nonzero``), on the storage's device; the host reads a device value only
-when the index starts over (a first write, or one longer than the storage) and when the list of
-a new slice length is built. :meth:`EpisodeIndex.windows` draws a batch of windows through
+A write is one :func:`~gpubuf.ops.episode_append.episode_append`: on the device path a
+``cumsum`` and two kernels (one more per extra slice length listed), with no host read; on the
+host the op's torch twin, a fixed sequence of vectorized ops whose sizes depend only on the
+number of rows written. The host reads the device only to build the list of a new slice length
+(its live trajectory count) and, on the host path, to place a first fill's trajectories (one
+``nonzero``). :meth:`EpisodeIndex.windows` draws a batch of windows through
 :func:`~gpubuf.ops.slice_windows.slice_windows` (one launch on CUDA).
 """
 
@@ -32,6 +34,8 @@ from __future__ import annotations
 
 import torch
 
+from gpubuf.ops._dispatch import device_path
+from gpubuf.ops.episode_append import episode_append_trusted
 from gpubuf.ops.slice_windows import slice_windows_trusted
 
 __all__ = ["EpisodeIndex"]
@@ -195,7 +199,7 @@ class EpisodeIndex:
         return w - 1 - (w - 1 - row) % t
 
     # ------------------------------------------------------------------ updates
-    def append(self, breaks: torch.Tensor) -> None:
+    def append(self, breaks: torch.Tensor, backend: str = "auto") -> None:
         """Records ``n`` new time rows.
 
         Args:
@@ -204,6 +208,7 @@ class EpisodeIndex:
                 Ignored for the first row ever written, which always starts one. When ``n`` is
                 more than ``T``, only the last ``T`` rows are kept, the first of them starting
                 a trajectory.
+            backend: the sampler's backend (see :func:`~gpubuf.ops._dispatch.device_path`).
         """
         n = breaks.shape[0]
         if n == 0:
@@ -218,72 +223,26 @@ class EpisodeIndex:
                 self._reset()
             self._eligible = {}  # rebuilt over the live trajectories when next asked for
             self.written = written
-            breaks = breaks[skipped:]
-            if not bool(breaks[0].all()):
-                breaks = breaks.clone()
-                breaks[0] = True
-        self._append(breaks)
+            breaks = breaks[skipped:].clone()
+            breaks[0] = True  # (set, not tested: a test would read the device)
+        self._append(breaks, backend)
 
-    def _append(self, breaks: torch.Tensor) -> None:
-        n, c = breaks.shape
-        t, dev = self.capacity, self.device
+    def _append(self, breaks: torch.Tensor, backend: str = "auto") -> None:
         fresh = self._fresh
         self._fresh = False
-        w0 = self.written
-        w1 = w0 + n
-        lower = max(w1 - t, 0)
-        head0, tail0 = self.head, self.tail
-        ranks = breaks.to(torch.int64).cumsum(0)  # [n, C]
-        if fresh and c == 1:
-            self._fill_one_column(breaks[:, 0], ranks[:, 0])
+        if fresh and breaks.shape[1] == 1 and not device_path(breaks, backend):
+            self._fill_one_column(breaks[:, 0])
             return
-        new = ranks[-1]  # new trajectories per column
-        times = torch.arange(w0, w1, device=dev, dtype=torch.int64)
+        deques = [(elig.slots, elig.front, elig.back, elig.length) for elig in self._eligible.values()]
+        episode_append_trusted(breaks, self.start, self.stop, self.row_traj, self.head, self.tail, deques,
+                               self.written, self.capacity, fresh, backend)
+        self.written += breaks.shape[0]
 
-        if fresh:
-            tail1 = tail0
-            continues = torch.zeros_like(breaks[0])
-        else:
-            cols = torch.arange(c, device=dev)
-            # The old head keeps growing unless the first new row breaks; its stop is the row
-            # before the first break (or the last row written).
-            first_break = torch.where(
-                new > 0, breaks.to(torch.int8).argmax(0).to(torch.int64), torch.full_like(new, n)
-            )
-            head_stop = w0 + first_break - 1
-            continues = ~breaks[0] & (head0 >= tail0)
-            # Retirement, read before the new trajectories overwrite slots: a trajectory retires
-            # once its stop is older than the oldest live row. At most n retire (each loses a row).
-            window = tail0.unsqueeze(0) + torch.arange(n + 1, device=dev).unsqueeze(1)  # [n+1, C]
-            stops = self.stop[cols, window % t]
-            stops = torch.where(window == head0, head_stop.expand_as(window), stops)
-            retire = ((stops < lower) & (window <= head0)).sum(0)
-            tail1 = tail0 + retire
-
-        # New trajectories (a start at each break, a stop before each break and at the last
-        # row; masked entries go to the scratch slot T) and the rows' trajectory numbers.
-        g_row = head0.unsqueeze(0) + ranks  # [n, C]
-        slot = g_row % t
-        scratch = torch.full_like(g_row, t)
-        stamps = times.unsqueeze(0).expand(c, n)
-        self.start.scatter_(1, torch.where(breaks, slot, scratch).T, stamps)
-        ends = torch.cat([breaks[1:], torch.ones_like(breaks[:1])], 0)
-        self.stop.scatter_(1, torch.where(ends & (g_row >= 0), slot, scratch).T, stamps)
-        # The rows written are contiguous in the ring: at most two slices.
-        first = w0 % t
-        split = min(n, t - first)
-        self.row_traj[:, first : first + split] = g_row[:split].T
-        if split < n:
-            self.row_traj[:, : n - split] = g_row[split:].T
-        self.head, self.tail, self.written = head0 + new, tail1, w1
-
-        for elig in self._eligible.values():
-            self._update_eligible(elig, breaks, g_row, head0, tail1, continues, lower)
-
-    def _fill_one_column(self, breaks: torch.Tensor, ranks: torch.Tensor) -> None:
-        """A first fill of one column (trajectories ``0..m-1`` at slots ``0..m-1``): the same
-        state as the general update, from the breaks' positions (one ``nonzero``, a host read),
-        in a handful of passes over the rows (large fills: a dataset loaded at once)."""
+    def _fill_one_column(self, breaks: torch.Tensor) -> None:
+        """A first fill of one column on the host (trajectories ``0..m-1`` at slots ``0..m-1``):
+        the state :func:`~gpubuf.ops.episode_append.episode_append` gives, from the breaks'
+        positions (one ``nonzero``), in a handful of passes over the rows (large fills: a dataset
+        loaded at once)."""
         n, t = breaks.shape[0], self.capacity
         w0 = self.written
         starts = breaks.nonzero().squeeze(1) + w0
@@ -291,52 +250,14 @@ class EpisodeIndex:
         self.start[0, :m] = starts
         self.stop[0, : m - 1] = starts[1:] - 1
         self.stop[0, m - 1] = w0 + n - 1
-        g_row = ranks - 1
+        g_row = breaks.cumsum(0) - 1
         first = w0 % t
         split = min(n, t - first)
         self.row_traj[0, first : first + split] = g_row[:split]
         if split < n:
             self.row_traj[0, : n - split] = g_row[split:]
-        self.head = torch.full_like(self.head, m - 1)
+        self.head.fill_(m - 1)
         self.written = w0 + n
-
-    def _update_eligible(
-        self,
-        elig: _Eligible,
-        breaks: torch.Tensor,
-        g_row: torch.Tensor,
-        head0: torch.Tensor,
-        tail1: torch.Tensor,
-        continues: torch.Tensor,
-        lower: int,
-    ) -> None:
-        n, c = breaks.shape
-        t, dev = self.capacity, self.device
-        cols = torch.arange(c, device=dev)
-        length = elig.length
-        counts = elig.counts()
-        # Pops at the front: retired trajectories, and the new oldest one when trimmed too short.
-        window = torch.arange(n + 1, device=dev).unsqueeze(1)  # [n+1, 1]
-        in_deque = window < counts.unsqueeze(0)
-        g = elig.slots[cols, (elig.front.unsqueeze(0) + window) % t]
-        _, tail_len = self.lengths(cols, tail1)
-        pop = in_deque & ((g < tail1) | ((g == tail1) & (tail_len < length).unsqueeze(0)))
-        front = elig.front + pop.sum(0)
-        # Appends at the back: the old head when it grew into eligibility, then new trajectories.
-        last = elig.slots[cols, (elig.back - 1) % t]
-        head_listed = (elig.back > front) & (last == head0)
-        _, head_len = self.lengths(cols, head0.clamp_min(0))
-        head_ok = continues & ~head_listed & (head_len >= length)
-        new_g = torch.where(breaks, g_row, torch.zeros_like(g_row))
-        _, new_len = self.lengths(cols.unsqueeze(0).expand(n, c), new_g)
-        new_ok = breaks & (new_len >= length)
-        cand = torch.cat([head0.unsqueeze(0), new_g], 0)  # [n+1, C], in trajectory order
-        ok = torch.cat([head_ok.unsqueeze(0), new_ok], 0)
-        rank = ok.to(torch.int64).cumsum(0) - 1
-        slot = torch.where(ok, (elig.back.unsqueeze(0) + rank) % t, torch.full_like(rank, t))
-        elig.slots.scatter_(1, slot.T, cand.T.contiguous())
-        elig.back = elig.back + ok.sum(0)
-        elig.front = front
 
     def _build_eligible(self, length: int) -> _Eligible:
         c, t, dev = self.columns, self.capacity, self.device

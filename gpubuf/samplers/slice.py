@@ -422,7 +422,7 @@ class SliceSampler(Sampler):
             index.written += cut
         signal = self._signal(storage, rows, columns, shape)
         breaks = self._breaks(signal)
-        index.append(breaks)
+        index.append(breaks, self._backend)
         self._last = signal[-1].clone()
 
     def _rebuild(

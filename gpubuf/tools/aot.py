@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 #: The kernel modules of ``gpubuf_kernels`` that hold Triton kernels.
-KERNEL_MODULES = ("gather", "write_rows", "gather_packed", "codec", "sumtree", "slice")
+KERNEL_MODULES = ("gather", "write_rows", "gather_packed", "codec", "sumtree", "slice", "episodes")
 #: Compute capabilities compiled for: A100 (sm_80), H100/H200 (sm_90).
 ARCHS = (80, 90)
 #: The row gathers must stay at or below this many registers a thread (16 warps per SM at 4

@@ -7,7 +7,7 @@ stays opt-in, so these are what every launch uses unless a caller overrides them
 
 from __future__ import annotations
 
-__all__ = ["GATHER_ROWS", "SUMTREE", "SLICE_WINDOWS"]
+__all__ = ["GATHER_ROWS", "SUMTREE", "SLICE_WINDOWS", "EPISODES"]
 
 # Row gather (gather.py). A program copies BLOCK_ROWS output rows of its sources; each width
 # class has its own tile (gather.py's docstring), at most 2 units or 2 16-byte vectors per thread
@@ -47,5 +47,18 @@ SUMTREE = {
 SLICE_WINDOWS = {
     "BLOCK": 32,
     "TREE_TILE": 1024,
+    "num_warps": 4,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Episode append (episodes.py). The rows kernel writes BLOCK rows of one column a program (256:
+# 40 registers on sm_90; 512 spilled at 64, 1024 took 118); the lists kernel, one program per
+# column, scans a list's front and the write's new trajectories LIST_BLOCK at a time (most writes
+# pop and append fewer). Powers of two; the tests size writes around them through the launcher's
+# `block=` and `list_block=`.
+EPISODES = {
+    "BLOCK": 256,
+    "LIST_BLOCK": 128,
     "num_warps": 4,
 }
