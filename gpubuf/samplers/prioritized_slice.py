@@ -19,6 +19,7 @@ import torch
 
 from gpubuf.errors import TrajectoryLengthError
 from gpubuf.ops._dispatch import device_path
+from gpubuf.ops.start_exclusions import start_exclusions_trusted
 from gpubuf.ops.sumtree_windows import sumtree_windows
 from gpubuf.ops.sumtree import SumTree, importance_weights, sumtree_sample, sumtree_update
 from gpubuf.samplers._episodes import EpisodeIndex
@@ -171,22 +172,19 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         self._move(torch.where(held, flat, -1))
 
     # ------------------------------------------------------------------ exclusions
-    def _move(self, to_held: torch.Tensor, to_tree: torch.Tensor | None = None) -> None:
-        """Moves the leaves at ``to_held`` from the tree to the held-aside tree and those at
-        ``to_tree`` back, in one update of each tree. Negative entries move nothing (the tree
-        update ignores them), so callers mark what stays with -1 instead of selecting what moves
-        (a selection's size is a host read on CUDA)."""
-        flat = to_held if to_tree is None else torch.cat([to_held, to_tree])
-        if flat.numel() == 0:
+    def _move(self, to_held: torch.Tensor) -> None:
+        """Moves the leaves at ``to_held`` from the tree to the held-aside tree. Negative entries
+        move nothing (the tree update ignores them), so callers mark what stays with -1 instead of
+        selecting what moves (a selection's size is a host read on CUDA)."""
+        if to_held.numel() == 0:
             return
-        # Both trees' values are read before either is written.
-        held = self._tree.values()[to_held.clamp_min(0)].to(torch.float64)
-        into_tree = torch.zeros_like(held)
-        if to_tree is not None:
-            back = self._held.values()[to_tree.clamp_min(0)].to(torch.float64)
-            held, into_tree = torch.cat([held, torch.zeros_like(back)]), torch.cat([into_tree, back])
-        sumtree_update(self._held, flat, held, alpha=1.0, eps=0.0, validate=False, backend=self._backend)
-        sumtree_update(self._tree, flat, into_tree, alpha=1.0, eps=0.0, validate=False, backend=self._backend)
+        values = self._tree.values()[to_held.clamp_min(0)].to(torch.float64)
+        self._apply_moves(to_held, values, torch.zeros_like(values))
+
+    def _apply_moves(self, flat: torch.Tensor, to_held: torch.Tensor, to_tree: torch.Tensor) -> None:
+        """Sets the leaves at ``flat`` (-1: none) of the held tree to ``to_held`` and of the tree to ``to_tree``."""
+        sumtree_update(self._held, flat, to_held, alpha=1.0, eps=0.0, validate=False, backend=self._backend)
+        sumtree_update(self._tree, flat, to_tree, alpha=1.0, eps=0.0, validate=False, backend=self._backend)
 
     def _tail_kept(self, seq_length: int) -> int:
         """How many last steps of a trajectory cannot start a slice."""
@@ -195,24 +193,17 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
             return 1
         return max(seq_length - 1 - int(right), 0)
 
-    def _should_exclude(self, index: EpisodeIndex, col: torch.Tensor, row: torch.Tensor, seq_length: int) -> torch.Tensor:
-        start, stop = index.trajectory_of(col, row)
-        tau = index.absolute(row)
-        out = stop - tau < self._tail_kept(seq_length)
-        if not self.strict_length:
-            out = out & (tau != start)
-        return out
-
     def _flat(self, index: EpisodeIndex, col: torch.Tensor, row: torch.Tensor) -> torch.Tensor:
         return row * index.columns + col
 
-    def _refresh(self, index: EpisodeIndex, col: torch.Tensor, row: torch.Tensor, seq_length: int) -> None:
-        """Sets the exclusion of the live elements ``(col, row)``."""
-        flat = self._flat(index, col, row).to(self._tree.device)
-        want = self._should_exclude(index, col, row, seq_length).to(self._tree.device)
-        now = self._excluded[flat]
-        self._move(torch.where(want & ~now, flat, -1), torch.where(~want & now, flat, -1))
-        self._excluded[flat] = want
+    def _refresh(self, index: EpisodeIndex, first: int, seq_length: int) -> None:
+        """Decides again whether the live steps at the times ``first .. written - 1`` and the
+        oldest live one can start a slice of ``seq_length``, and moves their leaves to match."""
+        moves = start_exclusions_trusted(
+            index.row_traj, index.start, index.stop, self._excluded, self._tree.values(), self._held.values(), first,
+            index.written, index.capacity, self._tail_kept(seq_length), self.strict_length, self._backend,
+        )
+        self._apply_moves(*moves)
 
     def _refresh_all(self, index: EpisodeIndex, seq_length: int) -> None:
         """Sets every exclusion for slices of ``seq_length`` (a new length or a rebuild).
@@ -257,27 +248,14 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
 
     def _feed(self, storage: Any, index: EpisodeIndex, rows: torch.Tensor, columns: int, shape: tuple) -> None:
         length = self._excluded_for
-        if length is None:
-            SliceSampler._feed(self, storage, index, rows, columns, shape)
-            return
-        kept = self._tail_kept(length)
-        old_head = None
-        if index.written:
-            # The newest trajectory's last steps may become valid starts as it grows.
-            first = max(index.written - kept, index.lower)
-            old_head = torch.arange(first, index.written, device=index.device) % index.capacity
+        written = index.written
         SliceSampler._feed(self, storage, index, rows, columns, shape)
-        new_rows = torch.arange(index.written - min(rows.shape[0], index.capacity), index.written, device=index.device)
-        new_rows = new_rows % index.capacity
-        # A trimmed oldest trajectory gets a new first step (a valid start without strict_length).
-        oldest = torch.tensor([index.lower % index.capacity], device=index.device)
-        parts = [new_rows, oldest] if old_head is None else [new_rows, old_head, oldest]
-        # A row may come twice (the oldest or the old head's may have just been written): both
-        # copies read the same state and write the same result (no unique: its size is a host
-        # read on CUDA).
-        row = torch.cat(parts)
-        cols = torch.arange(columns, device=index.device).repeat(row.shape[0])
-        self._refresh(index, cols, row.repeat_interleave(columns), length)
+        if length is not None:
+            # The rows written, the newest trajectory's last steps before them (they may become
+            # valid starts as it grows), and the oldest live row (a trimmed trajectory's new
+            # first step, a valid start without strict_length). Rows overwritten since are
+            # among the rows written.
+            self._refresh(index, max(written - self._tail_kept(length), index.lower), length)
 
     def _rebuild(
         self,

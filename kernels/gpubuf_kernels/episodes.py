@@ -1,7 +1,10 @@
-"""Triton kernels of the episode append: trajectory boundaries brought up to date with one write.
+"""Triton kernels of the episode index's writes: the episode append (trajectory boundaries
+brought up to date with one write) and the start exclusions of a prioritized slice sampler.
 
-The torch twin and specification is :func:`gpubuf.ops.episode_append.episode_append_ref`; the
-public entry point that validates and dispatches is :func:`gpubuf.ops.episode_append.episode_append`.
+The torch twins and specifications are :func:`gpubuf.ops.episode_append.episode_append_ref`
+and :func:`gpubuf.ops.start_exclusions.start_exclusions_ref`; the entry points that dispatch are
+:func:`gpubuf.ops.episode_append.episode_append` and
+:func:`gpubuf.ops.start_exclusions.start_exclusions_trusted`.
 
 A write of ``n`` rows of ``C`` columns is one ``cumsum`` of the breaks (each row's trajectory
 rank within the write) and two kernels, with no host synchronisation:
@@ -18,6 +21,11 @@ rank within the write) and two kernels, with no host synchronisation:
 
 The lists' work is sequential per column but proportional to the trajectories that retired or
 began in this write, not to the storage's size.
+
+``_start_exclusions_kernel``, a program per ``BLOCK`` steps, decides again whether each step a
+write touched can start a slice, records it, and lists the leaves to move between the sum tree
+and the tree of the steps held aside (for the two sum-tree updates that follow). Each step is
+decided once: the oldest live row is added only when the write's range does not hold it.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import triton.language as tl
 from gpubuf_kernels._config import EPISODES
 from gpubuf_kernels._launch import cdiv, check_launch_device, launch
 
-__all__ = ["episode_append_triton", "SPECIALIZATIONS"]
+__all__ = ["episode_append_triton", "start_exclusions_triton", "SPECIALIZATIONS"]
 
 
 # ``written`` moves with every write: specialised on its value it would compile a variant for
@@ -156,6 +164,53 @@ def _episode_lists_kernel(
         tl.store(tail_ptr + col, tail1)
 
 
+# ``first`` and ``written`` move with every write, ``count`` with its size (see the rows kernel).
+@triton.jit(do_not_specialize=["first", "written", "lower", "count"])
+def _start_exclusions_kernel(
+    row_traj_ptr,  # int64 [C, T + 1]: trajectory number per physical row
+    start_ptr,  # int64 [C, T + 1]: absolute start time per slot
+    stop_ptr,  # int64 [C, T + 1]: absolute stop time per slot
+    excluded_ptr,  # bool [C * T]: in and out, True at the flat positions held aside
+    tree_ptr,  # float32/float64 [C * T]: the sum tree's leaves
+    held_ptr,  # float32/float64 [C * T]: the held tree's leaves
+    flat_ptr,  # int64 [count * C]: out, the flat position of each step whose decision changed, else -1
+    to_held_ptr,  # float64 [count * C]: out, the leaf the held tree takes there
+    to_tree_ptr,  # float64 [count * C]: out, the leaf the tree takes there
+    first,
+    written,
+    lower,
+    count,
+    columns,
+    capacity,
+    kept,
+    STRICT: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    pid = tl.program_id(0).to(tl.int64)
+    k = pid * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
+    inside = k < count * columns
+    which = k // columns
+    col = k % columns
+    # Times first .. written - 1, then (when the count says so) the oldest live one.
+    tau = tl.where(which < written - first, first + which, lower)
+    row = tau % capacity
+    base = col * (capacity + 1)
+    slot = tl.load(row_traj_ptr + base + row, mask=inside, other=0) % capacity
+    begin = tl.maximum(tl.load(start_ptr + base + slot, mask=inside, other=0), lower)
+    want = tl.load(stop_ptr + base + slot, mask=inside, other=0) - tau < kept
+    if not STRICT:
+        want = want & (tau != begin)
+    flat = row * columns + col
+    now = tl.load(excluded_ptr + flat, mask=inside, other=0) != 0
+    move = inside & (want != now)
+    into_held = tl.load(tree_ptr + flat, mask=move & want, other=0).to(tl.float64)
+    into_tree = tl.load(held_ptr + flat, mask=move & ~want, other=0).to(tl.float64)
+    tl.store(flat_ptr + k, tl.where(move, flat, -1), mask=inside)
+    tl.store(to_held_ptr + k, into_held, mask=inside)
+    tl.store(to_tree_ptr + k, into_tree, mask=inside)
+    tl.store(excluded_ptr + flat, want, mask=inside)
+
+
 def episode_append_triton(
     breaks: torch.Tensor,
     start: torch.Tensor,
@@ -192,6 +247,45 @@ def episode_append_triton(
                WRITE_ENDS=i == len(lists) - 1, BLOCK=list_block, num_warps=EPISODES["num_warps"])
 
 
+def start_exclusions_triton(
+    row_traj: torch.Tensor,
+    start: torch.Tensor,
+    stop: torch.Tensor,
+    excluded: torch.Tensor,
+    tree: torch.Tensor,
+    held: torch.Tensor,
+    first: int,
+    written: int,
+    capacity: int,
+    kept: int,
+    strict_length: bool,
+    *,
+    block: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One launch; arguments and results as :func:`gpubuf.ops.start_exclusions.start_exclusions_ref`
+    (every tensor on one device, contiguous).
+
+    Raises:
+        ValueError: inputs not on a CUDA device (or CPU under the interpreter).
+    """
+    check_launch_device(excluded.device, "start_exclusions_triton")
+    columns = row_traj.shape[0]
+    lower = max(written - capacity, 0)
+    count = written - first + (1 if lower < first else 0)
+    size = count * columns
+    device = excluded.device
+    flat = torch.empty(size, dtype=torch.int64, device=device)
+    to_held = torch.empty(size, dtype=torch.float64, device=device)
+    to_tree = torch.empty(size, dtype=torch.float64, device=device)
+    if size == 0:
+        return flat, to_held, to_tree
+    block = block or EPISODES["BLOCK"]
+    launch(_start_exclusions_kernel, (cdiv(size, block),), row_traj, start, stop, excluded, tree, held, flat, to_held,
+           to_tree, first, written, lower, count, columns, capacity, kept, STRICT=bool(strict_length), BLOCK=block,
+           num_warps=EPISODES["num_warps"])
+    return flat, to_held, to_tree
+
+
 #: What the launcher compiles, for the ahead-of-time check (``gpubuf.tools.aot``): the rows
 #: kernel, and the lists kernel for a fresh index and a later write, with and without a list,
 #: writing the ends or not.
@@ -218,4 +312,17 @@ SPECIALIZATIONS = [
     }
     for fresh in (False, True)
     for has_list, write_ends in ((True, False), (True, True), (False, True))
+] + [
+    {
+        "kernel": "_start_exclusions_kernel",
+        "label": f"{leaves},STRICT={int(strict)}",
+        "signature": {"row_traj_ptr": "*i64", "start_ptr": "*i64", "stop_ptr": "*i64", "excluded_ptr": "*i1",
+                      "tree_ptr": f"*{leaves}", "held_ptr": f"*{leaves}", "flat_ptr": "*i64", "to_held_ptr": "*fp64",
+                      "to_tree_ptr": "*fp64", "first": "i64", "written": "i64", "lower": "i64", "count": "i64",
+                      "columns": "i64", "capacity": "i64", "kept": "i64"},
+        "constexprs": {"STRICT": strict, "BLOCK": EPISODES["BLOCK"]},
+        "num_warps": EPISODES["num_warps"],
+    }
+    for leaves in ("fp32", "fp64")
+    for strict in (False, True)
 ]
