@@ -449,14 +449,24 @@ class PrioritizedSampler(Sampler):
         if self._max_priority_within_buffer:
             if prio is None:
                 prio = torch.as_tensor(self.default_priority, dtype=torch.float64, device=self._tree.device).reshape(1)
-            sumtree_update(self._tree, flat, prio, alpha=self._alpha, eps=self._eps, limit=self._limit(storage),
-                           eager=True, backend=self._backend)
+            for tree, at in self._update_targets(flat, priority is None):
+                sumtree_update(tree, at, prio, alpha=self._alpha, eps=self._eps, limit=self._limit(storage),
+                               eager=True, backend=self._backend)
             self._track_within_buffer(flat, prio)
             return
-        sumtree_update(
-            self._tree, flat, prio, alpha=self._alpha, eps=self._eps, limit=self._limit(storage),
-            max_priority=self._max_value, eager=self.eager_checks, backend=self._backend,
-        )
+        for tree, at in self._update_targets(flat, priority is None):
+            sumtree_update(
+                tree, at, prio, alpha=self._alpha, eps=self._eps, limit=self._limit(storage),
+                max_priority=self._max_value, eager=self.eager_checks, backend=self._backend,
+            )
+
+    def _update_targets(self, flat: torch.Tensor, new_items: bool) -> tuple[tuple[SumTree, torch.Tensor], ...]:
+        """The trees a priority update writes, each with the indices it takes (-1 where another
+        tree takes the item): here the one tree, every index. ``new_items``: the default priority
+        of items just written (``extend``), else a caller's update. The first tree gets every index
+        the update must check (past the written range, on the device path an error recorded
+        rather than raised), so that a bad one changes nothing in the later trees either."""
+        return ((self._tree, flat),)
 
     def _track_within_buffer(self, index: torch.Tensor, priority: torch.Tensor) -> None:
         """Updates the maximum and the item holding it after a successful update (host reads)."""

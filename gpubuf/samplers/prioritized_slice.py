@@ -155,32 +155,29 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
     def update_priority(self, index: Any, priority: Any, *, storage: Any = None) -> None:
         """As :meth:`PrioritizedSampler.update_priority`; a step that cannot start a slice keeps
         its new priority aside until it can. Also takes the per-dim tuple a sample returns."""
-        storage = storage if storage is not None else self._storage
         if isinstance(index, tuple) and len(index) == 1:
             index = index[0]
         if isinstance(index, torch.Tensor) and index.ndim == 2 and index.shape[-1] == 1:
             index = index[:, 0]
         PrioritizedSampler.update_priority(self, index, priority, storage=storage)
-        if self._excluded_for is None:
-            return
-        flat = self._flat_index(index, storage)
-        # Negative indices (ignored by the update) move nothing, nor do indices past the tree (on
-        # the device path the update records them as an error instead of raising): both become
-        # -1, and the exclusions are read at a clamped index, never out of bounds.
+
+    def _update_targets(self, flat: torch.Tensor, new_items: bool) -> tuple[tuple[SumTree, torch.Tensor], ...]:
+        """The held steps' priorities go to the held tree, every other index to the tree; the
+        default priority of steps just written goes to the tree (their exclusions are cleared
+        by :meth:`extend` and set again at the next draw).
+
+        An index is held where it is excluded and in the tree's range: a negative one (ignored
+        by the update) and one past the tree (the tree's update checks it, on the device path
+        recording an error) go to the tree, and the exclusions are read at a clamped index,
+        never out of bounds. Marked, not selected (a selection's size is a host read on CUDA).
+        """
+        if new_items or self._excluded_for is None:
+            return ((self._tree, flat),)
         last = self._excluded.shape[0] - 1
         held = self._excluded[flat.clamp(0, last)] & (flat >= 0) & (flat <= last)
-        self._move(torch.where(held, flat, -1))
+        return ((self._tree, torch.where(held, -1, flat)), (self._held, torch.where(held, flat, -1)))
 
     # ------------------------------------------------------------------ exclusions
-    def _move(self, to_held: torch.Tensor) -> None:
-        """Moves the leaves at ``to_held`` from the tree to the held-aside tree. Negative entries
-        move nothing (the tree update ignores them), so callers mark what stays with -1 instead of
-        selecting what moves (a selection's size is a host read on CUDA)."""
-        if to_held.numel() == 0:
-            return
-        values = self._tree.values()[to_held.clamp_min(0)].to(torch.float64)
-        self._apply_moves(to_held, values, torch.zeros_like(values))
-
     def _apply_moves(self, flat: torch.Tensor, to_held: torch.Tensor, to_tree: torch.Tensor) -> None:
         """Sets the leaves at ``flat`` (-1: none) of the held tree to ``to_held`` and of the tree to ``to_tree``."""
         sumtree_update(self._held, flat, to_held, alpha=1.0, eps=0.0, validate=False, backend=self._backend)

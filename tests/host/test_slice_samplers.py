@@ -521,8 +521,11 @@ def test_prioritized_exclusions_follow_writes_and_updates(tmp_path, strict):
         rb.extend(stream[at : at + n])
         at += n
         rb.sample(2 * slice_len)
-        rb.update_priority(torch.arange(len(rb)), torch.rand(len(rb)) + 0.5)
         valid = set(_valid_starts(_our_trajectories(sampler), slice_len, capacity, strict))
+        # Before any update too: a written step holds the default priority wherever it can
+        # start a slice, including a step that overwrote one held aside.
+        assert set((sampler.tree.values() > 0).nonzero().reshape(-1).tolist()) == valid
+        rb.update_priority(torch.arange(len(rb)), torch.rand(len(rb)) + 0.5)
         in_tree = set((sampler.tree.values() > 0).nonzero().reshape(-1).tolist())
         assert in_tree == valid
         merged = sampler.tree.values() + sampler._held.values()
