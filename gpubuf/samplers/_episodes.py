@@ -23,9 +23,9 @@ trajectory is one lookup and a draw of ``B`` slices is ``O(B)`` work, whatever t
 A write is one :func:`~gpubuf.ops.episode_append.episode_append`: on the device path a
 ``cumsum`` and two kernels (one more per extra slice length listed), with no host read; on the
 host the op's torch twin, a fixed sequence of vectorized ops whose sizes depend only on the
-number of rows written. The host reads the device only to build the list of a new slice length
-(its live trajectory count) and, on the host path, to place a first fill's trajectories (one
-``nonzero``). :meth:`EpisodeIndex.windows` draws a batch of windows through
+number of rows written. Only the host path reads values back: the live trajectory count when
+it builds the list of a new slice length (the device path builds it over as many numbers as live
+rows instead) and the breaks' positions of a first fill (one ``nonzero``). :meth:`EpisodeIndex.windows` draws a batch of windows through
 :func:`~gpubuf.ops.slice_windows.slice_windows` (one launch on CUDA).
 """
 
@@ -112,11 +112,12 @@ class EpisodeIndex:
         start = self.start[col, slot].clamp_min(self.lower)
         return start, self.stop[col, slot] - start + 1
 
-    def eligible(self, length: int) -> _Eligible:
-        """The deque of trajectories at least ``length`` long, built on first use (``O(T * C)``)."""
+    def eligible(self, length: int, backend: str = "auto") -> _Eligible:
+        """The deque of trajectories at least ``length`` long, built on first use (see
+        :meth:`_build_eligible`; ``backend`` as the sampler's)."""
         found = self._eligible.get(length)
         if found is None:
-            found = self._eligible[length] = self._build_eligible(length)
+            found = self._eligible[length] = self._build_eligible(length, backend)
         return found
 
     def count(self, length: int) -> torch.Tensor:
@@ -156,7 +157,7 @@ class EpisodeIndex:
         trajectories drawn among those at least ``pool`` long (one column only), with the stored
         ``(done, terminated, init)`` flag columns ``flags``: see :func:`slice_windows` (and
         :func:`~gpubuf.ops.slice_windows.slice_windows_trusted` for ``error``)."""
-        elig = self.eligible(pool)
+        elig = self.eligible(pool, backend)
         return slice_windows_trusted(*self._column_tables(elig), uniforms, self.lower, self.capacity, length, flags,
                                      backend, error)
 
@@ -259,13 +260,19 @@ class EpisodeIndex:
         self.head.fill_(m - 1)
         self.written = w0 + n
 
-    def _build_eligible(self, length: int) -> _Eligible:
+    def _build_eligible(self, length: int, backend: str = "auto") -> _Eligible:
+        """The deque of ``length``, over the live trajectories: on the host path their count per
+        column is read (``O(trajectories)`` work); on the device path the pass covers as many
+        numbers as there are live rows (``O(T)`` work, no host read), the ones past a column's
+        head masked."""
         c, t, dev = self.columns, self.capacity, self.device
         elig = _Eligible(length, c, t, dev)
         if self.written == 0:
             return elig
-        # Over the live trajectories only (one host read of their largest count per column).
-        span = int((self.head - self.tail + 1).max()) if c > 1 else int(self.head[0] - self.tail[0] + 1)
+        if device_path(self.head, backend):
+            span = self.size
+        else:
+            span = int((self.head - self.tail + 1).max()) if c > 1 else int(self.head[0] - self.tail[0] + 1)
         i = torch.arange(max(span, 0), device=dev).unsqueeze(0)  # [1, m]
         g = self.tail.unsqueeze(1) + i  # [C, m]
         live = g <= self.head.unsqueeze(1)

@@ -205,6 +205,28 @@ def test_a_slice_cycle_on_the_device_path_never_syncs_and_an_emptied_buffer_is_r
         host.sample()
 
 
+def test_a_write_of_the_whole_ring_starts_the_index_over_without_a_sync():
+    """A write of the storage's capacity or more starts the episode index over: on the device path
+    the list of slices is rebuilt over as many trajectory numbers as live rows, masked, instead
+    of reading their count on the host; the draws are the host path's."""
+
+    def make(backend):
+        rb = _buffer(SliceSampler(num_slices=8, traj_key="episode"), backend, False)
+        rb.sample()
+        return rb
+
+    rb, host = make("triton"), make("auto")
+    for n, first in ((300, 10**4), (450, 2 * 10**4)):
+        data = _steps(n, False)
+        data["episode"] += first
+        with count_device_work("cpu") as work:
+            rb.extend(data)
+            batch = rb.sample()
+        assert work.host_syncs == 0, work.summary()
+        host.extend(data)
+        assert (batch == host.sample()).all()
+
+
 def test_a_prioritized_slice_draw_from_an_empty_tree_is_reported_at_the_check_without_a_sync():
     """Every priority 0 (eps 0): the fused draw flags the tree on the device instead of reading its
     total on the host; ``check_errors`` raises it, once."""
