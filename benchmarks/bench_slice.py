@@ -12,6 +12,11 @@ and from ``end_key``:
   whole id or done column at every sample);
 - ``torchrl-cache``: with ``cache_values=True`` (the scan is kept until the next write).
 
+The ``slice_cycle`` rows time what an online learner does at every step with ``SliceSampler``:
+write 1,024 new steps (episodes continuing from one write to the next, into the full buffer), then
+sample. gpubuf brings its boundaries up to date with the rows written; TorchRL's cache, when on, is
+dropped by every write, so both of its rows scan the whole column at every step.
+
 The prioritized rows (``prioritized_slice_sample``) run each library's ``PrioritizedSliceSampler``
 (``alpha=0.7``, ``beta=0.5``, every step at priority 1 but one in 64 at 4) the same way, and the
 ``slice_sample_without_replacement`` rows each library's ``SliceSamplerWithoutReplacement`` (whose
@@ -27,7 +32,8 @@ once in a CUDA graph and replayed (no host sync on the device path makes that po
 TorchRL's samplers read the device on the host and cannot be captured)::
 
     python benchmarks/bench_slice.py [--sizes 1000000 10000000] [--repeats 30] [--threads N]
-        [--samplers slice prioritized without] [--device cpu|cuda] [--json benchmarks/results/cpu-2core/slice-<date>.json]
+        [--samplers slice prioritized without cycle] [--device cpu|cuda]
+        [--json benchmarks/results/cpu-2core/slice-<date>.json]
 
 ``--threads`` sets torch's thread count for both libraries; without it each runs with torch's
 default (the machine's cores).
@@ -52,6 +58,10 @@ from gpubuf.tools.bench.timing import measure_round_robin
 
 ROOT = Path(__file__).resolve().parents[1]
 NUM_SLICES, SLICE_LEN = 32, 32
+#: Steps a write of the cycle rows adds, and how many different writes they cycle through.
+CYCLE_ROWS, CYCLE_WRITES = 1024, 64
+OPS = {"slice": "slice_sample", "prioritized": "prioritized_slice_sample",
+       "without": "slice_sample_without_replacement", "cycle": "slice_cycle"}
 
 
 def transitions(n: int, seed: int = 0) -> TensorDict:
@@ -85,6 +95,27 @@ def make(provider: str, key: str, n: int, device: str, kind: str = "slice"):
     return lib.TensorDictReplayBuffer(
         storage=lib.LazyTensorStorage(n, device=device), sampler=sampler, batch_size=NUM_SLICES * SLICE_LEN
     )
+
+
+def writes(device: str) -> list[TensorDict]:
+    """The cycle rows' writes: ``CYCLE_WRITES`` consecutive pieces of one stream of steps whose ids
+    follow every stored one (episodes of 20 to 2,000 steps running from one piece into the next)."""
+    stream = transitions(CYCLE_ROWS * CYCLE_WRITES, seed=1)
+    stream["episode"] += 10**9
+    return [piece.to(device) for piece in stream.split(CYCLE_ROWS)]
+
+
+def workload(rb, kind: str, pieces: list[TensorDict]):
+    """What a timed call runs: ``rb.sample``, or for the cycle rows the next write then a sample."""
+    if kind != "cycle":
+        return rb.sample
+    step = iter(range(1 << 62))
+
+    def cycle():
+        rb.extend(pieces[next(step) % len(pieces)])
+        return rb.sample()
+
+    return cycle
 
 
 def fill(rb, data: TensorDict, kind: str) -> None:
@@ -134,6 +165,7 @@ def quantiles(values: list[float]) -> dict:
 def run(sizes: list[int], repeats: int, device: str, kinds: list[str]) -> dict:
     providers = ["gpubuf", "torchrl", "torchrl-cache"]
     results: dict = {"rows": [], "ratios": [], "flat": []}
+    pieces = writes(device) if "cycle" in kinds else []
     # Compiled CPU kernels (the window draws) compile on first use: not part of any timing.
     for kind in kinds:
         for key in ("traj_key", "end_key"):
@@ -144,8 +176,7 @@ def run(sizes: list[int], repeats: int, device: str, kinds: list[str]) -> dict:
     for n in sizes:
         data = transitions(n).to(device)
         for kind in kinds:
-            op = {"slice": "slice_sample", "prioritized": "prioritized_slice_sample",
-                  "without": "slice_sample_without_replacement"}[kind]
+            op = OPS[kind]
             for key in ("traj_key", "end_key"):
                 buffers = {}
                 for provider in providers if kind != "without" else providers[:2]:
@@ -165,12 +196,12 @@ def run(sizes: list[int], repeats: int, device: str, kinds: list[str]) -> dict:
                 running = [p for p in providers if p in buffers]
                 # Round robin in a rotated order with the collector paused (the house's timing
                 # helper): no provider always runs right after the same other one.
-                timings = measure_round_robin({p: buffers[p].sample for p in running}, device=device, warmup=0,
-                                              repeats=repeats)
+                timings = measure_round_robin({p: workload(buffers[p], kind, pieces) for p in running}, device=device,
+                                              warmup=0, repeats=repeats)
                 row_stats = {p: quantiles(t.samples) for p, t in timings.items()}
                 # A replay repeats the captured launches: it cannot move an epoch kept on the host,
                 # so the sampler without replacement gets no graph row.
-                if device.startswith("cuda") and kind != "without":
+                if device.startswith("cuda") and kind in ("slice", "prioritized"):
                     try:
                         replay = captured(buffers["gpubuf"])
                         graph_stats = quantiles([timed(replay, device) for _ in range(repeats)])
@@ -216,11 +247,12 @@ def run(sizes: list[int], repeats: int, device: str, kinds: list[str]) -> dict:
         del data
         gc.collect()
     if len(sizes) > 1:
-        results["flat"] = flatness(min(sizes), max(sizes), repeats, device, kinds, gpubuf_p50)
+        results["flat"] = flatness(min(sizes), max(sizes), repeats, device, kinds, gpubuf_p50, pieces)
     return results
 
 
-def flatness(small: int, large: int, repeats: int, device: str, kinds: list[str], p50: dict) -> list[dict]:
+def flatness(small: int, large: int, repeats: int, device: str, kinds: list[str], p50: dict,
+             pieces: list[TensorDict]) -> list[dict]:
     """gpubuf's sample at ``large`` rows over its sample at ``small`` rows, the two buffers timed
     round robin in the same process: each call follows a gpubuf call, so the ratio is the
     sample's own growth with N. (The per-N rows above follow TorchRL's calls, whose scan at
@@ -229,16 +261,15 @@ def flatness(small: int, large: int, repeats: int, device: str, kinds: list[str]
     rows = []
     data = {n: transitions(n).to(device) for n in (small, large)}
     for kind in kinds:
-        op = {"slice": "slice_sample", "prioritized": "prioritized_slice_sample",
-              "without": "slice_sample_without_replacement"}[kind]
+        op = OPS[kind]
         for key in ("traj_key", "end_key"):
             buffers = {}
             for n in (small, large):
                 rb = buffers[n] = make("gpubuf", key, n, device, kind)
                 fill(rb, data[n], kind)
                 rb.sample()  # reads the rows written
-            timings = measure_round_robin({n: rb.sample for n, rb in buffers.items()}, device=device, warmup=3,
-                                          repeats=repeats)
+            timings = measure_round_robin({n: workload(rb, kind, pieces) for n, rb in buffers.items()}, device=device,
+                                          warmup=3, repeats=repeats)
             paired = timings[large].p50 / timings[small].p50
             after_torchrl = p50[(op, key, large)] / p50[(op, key, small)]
             rows.append({"op": op, "key": key, "rows_small": small, "rows_large": large, "time_ratio": paired,
@@ -277,8 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--samplers", nargs="+", choices=["slice", "prioritized", "without"],
-                        default=["slice", "prioritized", "without"])
+    parser.add_argument("--samplers", nargs="+", choices=list(OPS), default=list(OPS))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)

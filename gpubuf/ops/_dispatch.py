@@ -52,6 +52,7 @@ KERNELS: dict[tuple[str, str], str] = {
     ("sumtree_windows", "cuda"): "slice:sumtree_windows_triton",
     ("sumtree_windows", "cpu"): "cpu.slice:sumtree_windows",
     ("episode_append", "cuda"): "episodes:episode_append_triton",
+    ("episode_append", "cpu"): "cpu.episodes:episode_append",
     ("start_exclusions", "cuda"): "episodes:start_exclusions_triton",
     ("encode_rows", "cpu"): "cpu.encoder:encode_rows",
     ("match_frames", "cpu"): "cpu.framestack:match_roots",

@@ -10,8 +10,9 @@ the row before it or starting a new one, change
   retired or trimmed too short pop at the front, the newest that reached ``L`` append at the back.
 
 Every step depends only on ``n``, never on the storage's size. On CUDA it is one ``cumsum`` and
-two kernels (one per row, one per column and list) with no host synchronisation; elsewhere the
-twin runs, a fixed sequence of vectorized torch ops.
+two kernels (one per row, one per column and list) with no host synchronisation; on a CPU one
+compiled pass over the rows and one per list (Numba), else the twin, a fixed sequence of
+vectorized torch ops.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Sequence
 
 import torch
 
-from gpubuf.ops._dispatch import device_path, implementation, resolve
+from gpubuf.ops._dispatch import device_path, implementation, numba_enabled, resolve
 
 __all__ = ["episode_append", "episode_append_ref", "episode_append_trusted"]
 
@@ -179,7 +180,7 @@ def episode_append(
     """Brings the index up to date with a write; see :func:`episode_append_ref` for the specification.
 
     Args:
-        As :func:`episode_append_ref`; ``backend`` is ``"auto"``, ``"torch"`` or ``"triton"``.
+        As :func:`episode_append_ref`; ``backend`` is ``"auto"``, ``"torch"``, ``"triton"`` or ``"numba"``.
 
     Raises:
         TypeError, ValueError: tables of the wrong dtype, shape or device, or a write too long
@@ -187,11 +188,12 @@ def episode_append(
         BackendUnavailableError: an explicit backend that cannot run here.
     """
     _check(breaks, start, stop, row_traj, head, tail, deques, written, capacity, fresh)
-    if resolve("episode_append", breaks, backend) == "triton":
-        implementation("episode_append", "triton")(
-            breaks.contiguous(), start, stop, row_traj, head, tail, list(deques), written, capacity, fresh)
-    else:
+    which = resolve("episode_append", breaks, backend)
+    if which == "torch":
         episode_append_ref(breaks, start, stop, row_traj, head, tail, deques, written, capacity, fresh)
+    else:
+        implementation("episode_append", which)(
+            breaks.contiguous(), start, stop, row_traj, head, tail, list(deques), written, capacity, fresh)
 
 
 def episode_append_trusted(
@@ -213,7 +215,11 @@ def episode_append_trusted(
     the contract of :func:`episode_append_ref`.
     """
     if device_path(breaks, backend):
-        implementation("episode_append", "triton")(
-            breaks.contiguous(), start, stop, row_traj, head, tail, deques, written, capacity, fresh)
+        which = "triton"
+    elif backend in ("auto", "numba") and not breaks.is_cuda and numba_enabled():
+        which = "numba"
     else:
         episode_append_ref(breaks, start, stop, row_traj, head, tail, deques, written, capacity, fresh)
+        return
+    implementation("episode_append", which)(
+        breaks.contiguous(), start, stop, row_traj, head, tail, deques, written, capacity, fresh)

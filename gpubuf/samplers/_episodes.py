@@ -20,12 +20,12 @@ column, a subsequence of the live ones that also only grows at the head and shri
 :class:`_Eligible` keeps it as a ring deque of trajectory numbers, so the ``k``-th eligible
 trajectory is one lookup and a draw of ``B`` slices is ``O(B)`` work, whatever the storage size.
 
-A write is one :func:`~gpubuf.ops.episode_append.episode_append`: on the device path a
-``cumsum`` and two kernels (one more per extra slice length listed), with no host read; on the
-host the op's torch twin, a fixed sequence of vectorized ops whose sizes depend only on the
-number of rows written. Only the host path reads values back: the live trajectory count when
+A write is one :func:`~gpubuf.ops.episode_append.episode_append`, work proportional to the rows
+written: on the device path a ``cumsum`` and two kernels (one more per extra slice length
+listed), with no host read; on a CPU one compiled pass over the rows and one per list (Numba),
+else the op's torch twin. Only the host path reads values back: the live trajectory count when
 it builds the list of a new slice length (the device path builds it over as many numbers as live
-rows instead) and the breaks' positions of a first fill (one ``nonzero``). :meth:`EpisodeIndex.windows` draws a batch of windows through
+rows instead). :meth:`EpisodeIndex.windows` draws a batch of windows through
 :func:`~gpubuf.ops.slice_windows.slice_windows` (one launch on CUDA).
 """
 
@@ -231,37 +231,10 @@ class EpisodeIndex:
     def _append(self, breaks: torch.Tensor, backend: str = "auto") -> None:
         fresh = self._fresh
         self._fresh = False
-        if fresh and breaks.shape[1] == 1 and not device_path(breaks, backend):
-            # A host fill places the trajectories from the breaks' positions: 97 ms for 10M rows
-            # against 335 ms for the op's twin, which scatters every row (its device path has
-            # no host read to make).
-            self._fill_one_column(breaks[:, 0])
-            return
         deques = [(elig.slots, elig.front, elig.back, elig.length) for elig in self._eligible.values()]
         episode_append_trusted(breaks, self.start, self.stop, self.row_traj, self.head, self.tail, deques,
                                self.written, self.capacity, fresh, backend)
         self.written += breaks.shape[0]
-
-    def _fill_one_column(self, breaks: torch.Tensor) -> None:
-        """A first fill of one column on the host (trajectories ``0..m-1`` at slots ``0..m-1``):
-        the state :func:`~gpubuf.ops.episode_append.episode_append` gives, from the breaks'
-        positions (one ``nonzero``), in a handful of passes over the rows (large fills: a dataset
-        loaded at once)."""
-        n, t = breaks.shape[0], self.capacity
-        w0 = self.written
-        starts = breaks.nonzero().squeeze(1) + w0
-        m = starts.shape[0]
-        self.start[0, :m] = starts
-        self.stop[0, : m - 1] = starts[1:] - 1
-        self.stop[0, m - 1] = w0 + n - 1
-        g_row = breaks.cumsum(0) - 1
-        first = w0 % t
-        split = min(n, t - first)
-        self.row_traj[0, first : first + split] = g_row[:split]
-        if split < n:
-            self.row_traj[0, : n - split] = g_row[split:]
-        self.head.fill_(m - 1)
-        self.written = w0 + n
 
     def _build_eligible(self, length: int, backend: str = "auto") -> _Eligible:
         """The deque of ``length``, over the live trajectories: on the host path their count per

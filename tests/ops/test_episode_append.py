@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gpubuf.ops._dispatch import numba_importable
 from gpubuf.ops.episode_append import episode_append, episode_append_ref
 
 
@@ -127,3 +128,20 @@ def test_the_checked_entry_runs_the_twin_on_cpu():
         a.append(chunk)
         b.append(chunk, append=episode_append, backend="torch")
     assert all(torch.equal(x, y) for x, y in zip(a.tables(), b.tables()))
+
+
+@pytest.mark.skipif(not numba_importable(), reason="needs Numba (the compiled CPU kernel)")
+@pytest.mark.parametrize("capacity,columns,p", [(1, 1, 0.5), (2, 1, 0.5), (9, 1, 0.05), (16, 3, 0.3), (23, 2, 0.7)])
+def test_the_compiled_cpu_kernel_matches_the_twin(capacity, columns, p):
+    g = torch.Generator().manual_seed(capacity * 3 + columns)
+    twin, compiled = _Index(capacity, columns, (1, 3, 6)), _Index(capacity, columns, (1, 3, 6))
+    for step in range(40 if capacity > 1 else 1):
+        n = capacity if step == 0 else int(torch.randint(1, capacity, (1,), generator=g))
+        if step % 7 == 6:
+            n = capacity - 1  # the longest write after the first
+        breaks = torch.rand(n, columns, generator=g) < p
+        if step == 0:
+            breaks[0] = True
+        twin.append(breaks)
+        compiled.append(breaks, append=episode_append, backend="numba")
+        assert all(torch.equal(a, b) for a, b in zip(twin.tables(), compiled.tables())), step
