@@ -263,16 +263,13 @@ class EpisodeIndex:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
-        """Plain values and CPU tensors (the eligible deques are rebuilt on demand)."""
+        """Plain values and CPU copies of the tables (writes update them in place; the eligible
+        deques are rebuilt on demand)."""
         return {
             "capacity": self.capacity,
             "columns": self.columns,
             "written": self.written,
-            "start": self.start.cpu(),
-            "stop": self.stop.cpu(),
-            "row_traj": self.row_traj.cpu(),
-            "head": self.head.cpu(),
-            "tail": self.tail.cpu(),
+            **{name: getattr(self, name).to("cpu", copy=True) for name in ("start", "stop", "row_traj", "head", "tail")},
         }
 
     @classmethod

@@ -548,6 +548,23 @@ def test_prioritized_exclusions_follow_writes_and_updates(tmp_path, strict):
     assert torch.equal(restored.sampler._held.values(), sampler._held.values())
 
 
+def test_a_state_dict_is_a_snapshot_that_later_writes_leave_alone():
+    """The boundaries in a sampler's state are copies: writes after it was taken (which update the
+    index's tables in place) do not reach it, and loading it gives the trajectories of then."""
+    data = _transitions(_random_stream(31, 30, max_len=8))
+    rb = _buffer(gpubuf.SliceSampler(slice_len=3, traj_key="episode"), 40)
+    rb.extend(data[:30])
+    rb.sample(6)
+    state = rb.sampler.state_dict()
+    then = _our_trajectories(rb.sampler)
+    rb.extend(data[30:60])  # wraps round the ring: every table changes
+    rb.sample(6)
+    assert _our_trajectories(rb.sampler) != then
+    restored = gpubuf.SliceSampler(slice_len=3, traj_key="episode")
+    restored.load_state_dict(state)
+    assert _our_trajectories(restored) == then
+
+
 # ---------------------------------------------------------------------- storages and buffers
 @pytest.mark.parametrize("kind", ["memmap", "list"])
 def test_other_storages_give_the_tensor_storage_draws(kind, tmp_path):
