@@ -54,6 +54,7 @@ KERNELS: dict[tuple[str, str], str] = {
     ("episode_append", "cuda"): "episodes:episode_append_triton",
     ("episode_append", "cpu"): "cpu.episodes:episode_append",
     ("start_exclusions", "cuda"): "episodes:start_exclusions_triton",
+    ("start_exclusions", "cpu"): "cpu.episodes:start_exclusions_cpu",
     ("encode_rows", "cpu"): "cpu.encoder:encode_rows",
     ("match_frames", "cpu"): "cpu.framestack:match_roots",
 }

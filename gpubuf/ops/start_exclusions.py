@@ -7,14 +7,15 @@ tree. A write changes that for the rows it wrote, for the last ``kept`` steps of
 trajectory it continued, and for the oldest live row (a trimmed trajectory's new first step);
 this op decides each of those steps again from the episode index (see
 :mod:`gpubuf.samplers._episodes`), records the decision, and lists the leaves to move between
-the two trees, for two sum-tree updates to apply. One launch on CUDA, no host read.
+the two trees, for two sum-tree updates to apply. One launch on CUDA, no host read; one compiled
+loop on a CPU.
 """
 
 from __future__ import annotations
 
 import torch
 
-from gpubuf.ops._dispatch import device_path, implementation
+from gpubuf.ops._dispatch import device_path, implementation, numba_enabled
 
 __all__ = ["start_exclusions_ref", "start_exclusions_trusted"]
 
@@ -100,12 +101,14 @@ def start_exclusions_trusted(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The sampler's entry, without argument checks: see :func:`start_exclusions_ref`.
 
-    The Triton kernel runs on the device path when the episode tables and the trees share a
-    device; the twin runs otherwise (a tree kept on another device than the storage's rows
-    moves only the ``M`` decisions across).
+    Where the episode tables and the trees share a device, the Triton kernel runs on the device
+    path and the compiled CPU loop (Numba) on a CPU; the twin runs otherwise (a tree kept on
+    another device than the storage's rows moves only the ``M`` decisions across).
     """
-    if device_path(excluded, backend) and row_traj.device == excluded.device:
-        return implementation("start_exclusions", "triton")(
-            row_traj, start, stop, excluded, tree, held, first, written, capacity, kept, strict_length)
-    return start_exclusions_ref(row_traj, start, stop, excluded, tree, held, first, written, capacity, kept,
-                                strict_length)
+    args = (row_traj, start, stop, excluded, tree, held, first, written, capacity, kept, strict_length)
+    if row_traj.device == excluded.device:
+        if device_path(excluded, backend):
+            return implementation("start_exclusions", "triton")(*args)
+        if backend in ("auto", "numba") and excluded.device.type == "cpu" and numba_enabled():
+            return implementation("start_exclusions", "numba")(*args)
+    return start_exclusions_ref(*args)

@@ -1,10 +1,12 @@
-"""The episode append as compiled CPU loops (see ``gpubuf.ops.episode_append``): one pass over the
-rows written, then one pass per list of eligible trajectories over the trajectories that retired
-or began. The twin's results, table for table (its scratch slot ``T`` aside)."""
+"""The episode index's writes as compiled CPU loops: the episode append (``gpubuf.ops.episode_append``:
+one pass over the rows written, then one pass per list of eligible trajectories over the
+trajectories that retired or began; the twin's tables, its scratch slot ``T`` aside) and the start
+exclusions (``gpubuf.ops.start_exclusions``: one pass over the steps decided; the twin's results)."""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 from numba import njit
 
 
@@ -87,3 +89,42 @@ def episode_append(breaks, start, stop, row_traj, head, tail, deques, written, c
                     back.numpy(), breaks.shape[0], capacity, lower, length)
     head_np += new
     tail_np[:] = tail1
+
+
+@njit(cache=True, nogil=True)
+def start_exclusions(row_traj, start, stop, excluded, tree, held, first, written, capacity, kept, strict_length, flat,
+                     to_held, to_tree):  # pragma: no cover - compiled
+    """The twin of ``gpubuf.ops.start_exclusions``: decides each step at the times ``first ..
+    written - 1`` (then the oldest live one, when outside that range) of every column, records the
+    decision in ``excluded`` and fills ``flat``, ``to_held``, ``to_tree`` (one entry a step)."""
+    columns = row_traj.shape[0]
+    lower = max(written - capacity, 0)
+    count = flat.shape[0] // columns
+    for which in range(count):
+        tau = first + which if which < written - first else lower
+        row = tau % capacity
+        for c in range(columns):
+            k = which * columns + c
+            slot = row_traj[c, row] % capacity
+            want = stop[c, slot] - tau < kept
+            if not strict_length:
+                want = want and tau != max(start[c, slot], lower)
+            f = row * columns + c
+            move = want != excluded[f]
+            flat[k] = f if move else -1
+            to_held[k] = np.float64(tree[f]) if move and want else 0.0
+            to_tree[k] = np.float64(held[f]) if move and not want else 0.0
+            excluded[f] = want
+
+
+def start_exclusions_cpu(row_traj, start, stop, excluded, tree, held, first, written, capacity, kept, strict_length):
+    """The op on CPU tensors' NumPy views (arguments and results as the twin's)."""
+    columns = row_traj.shape[0]
+    lower = max(written - capacity, 0)
+    size = (written - first + (1 if lower < first else 0)) * columns
+    flat = np.empty(size, np.int64)
+    to_held = np.empty(size, np.float64)
+    to_tree = np.empty(size, np.float64)
+    start_exclusions(row_traj.numpy(), start.numpy(), stop.numpy(), excluded.numpy(), tree.numpy(), held.numpy(), first,
+                     written, capacity, kept, strict_length, flat, to_held, to_tree)
+    return torch.from_numpy(flat), torch.from_numpy(to_held), torch.from_numpy(to_tree)
