@@ -10,6 +10,8 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
+from gpubuf.samplers._episodes import EpisodeIndex
+
 # Every real dtype a row gather must copy bit for bit, one to eight bytes wide.
 DTYPES = [
     torch.bool,
@@ -54,3 +56,14 @@ def ted_rows(n: int, start: int = 0) -> TensorDict:
         },
         batch_size=[n],
     )
+
+
+def episode_index(capacity: int, columns: int, written: int, seed: int):
+    """An ``EpisodeIndex`` after ``written`` rows (about one in three starting a trajectory), a few
+    rows a write, through the twin."""
+    g = torch.Generator().manual_seed(seed)
+    index = EpisodeIndex(capacity, columns, "cpu")
+    while index.written < written:
+        n = min(int(torch.randint(1, capacity + 1, (1,), generator=g)), written - index.written)
+        index.append(torch.rand(n, columns, generator=g) < 0.3, "torch")
+    return index

@@ -11,22 +11,12 @@ import torch
 
 from gpubuf.ops.device_work import count_device_work
 from gpubuf.ops.start_exclusions import start_exclusions_ref, start_exclusions_trusted
-from gpubuf.samplers._episodes import EpisodeIndex
 from gpubuf_kernels.episodes import start_exclusions_triton
+from helpers import episode_index
 
 
 def _device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def _index(capacity: int, columns: int, written: int, seed: int) -> EpisodeIndex:
-    """An index after ``written`` rows (about one in three starting a trajectory), a few rows a write."""
-    g = torch.Generator().manual_seed(seed)
-    index = EpisodeIndex(capacity, columns, "cpu")
-    while index.written < written:
-        n = min(int(torch.randint(1, capacity + 1, (1,), generator=g)), written - index.written)
-        index.append(torch.rand(n, columns, generator=g) < 0.3, "torch")
-    return index
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -34,7 +24,7 @@ def _index(capacity: int, columns: int, written: int, seed: int) -> EpisodeIndex
 @pytest.mark.parametrize("capacity,columns,written", [(1, 1, 3), (9, 1, 7), (9, 1, 30), (16, 3, 40)])
 def test_kernel_matches_the_twin(dtype, strict, capacity, columns, written):
     device = _device()
-    index = _index(capacity, columns, written, seed=capacity + written)
+    index = episode_index(capacity, columns, written, seed=capacity + written)
     g = torch.Generator().manual_seed(columns)
     size = capacity * columns
     lower = max(written - capacity, 0)
@@ -58,7 +48,7 @@ def test_kernel_matches_the_twin(dtype, strict, capacity, columns, written):
 
 
 def test_the_oldest_row_is_decided_once_and_only_when_outside_the_range():
-    index = _index(8, 1, 20, seed=3)  # lower = 12
+    index = episode_index(8, 1, 20, seed=3)  # lower = 12
     excluded = torch.zeros(8, dtype=torch.bool)
     leaves = torch.ones(8)
     flat, _, _ = start_exclusions_ref(index.row_traj, index.start, index.stop, excluded, leaves, leaves * 0, 17, 20, 8,
@@ -71,7 +61,7 @@ def test_the_oldest_row_is_decided_once_and_only_when_outside_the_range():
 
 def test_a_refresh_is_one_launch_with_no_host_sync():
     device = _device()
-    index = _index(32, 2, 50, seed=5)
+    index = episode_index(32, 2, 50, seed=5)
     moved = {name: getattr(index, name).to(device) for name in ("row_traj", "start", "stop")}
     excluded = torch.zeros(64, dtype=torch.bool, device=device)
     leaves, empty = torch.ones(64, device=device), torch.zeros(64, device=device)

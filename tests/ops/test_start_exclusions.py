@@ -7,17 +7,7 @@ import torch
 
 from gpubuf.ops._dispatch import numba_importable
 from gpubuf.ops.start_exclusions import start_exclusions_ref, start_exclusions_trusted
-from gpubuf.samplers._episodes import EpisodeIndex
-
-
-def _index(capacity: int, columns: int, written: int, seed: int) -> EpisodeIndex:
-    """An index after ``written`` rows (about one in three starting a trajectory), a few rows a write."""
-    g = torch.Generator().manual_seed(seed)
-    index = EpisodeIndex(capacity, columns, "cpu")
-    while index.written < written:
-        n = min(int(torch.randint(1, capacity + 1, (1,), generator=g)), written - index.written)
-        index.append(torch.rand(n, columns, generator=g) < 0.3, "torch")
-    return index
+from helpers import episode_index
 
 
 def _cases():
@@ -31,7 +21,7 @@ def _cases():
 @pytest.mark.parametrize("kept", [0, 1, 3])
 def test_the_twin_decides_by_the_step_rule(strict, kept):
     for capacity, columns, written, first in _cases():
-        index = _index(capacity, columns, written, seed=capacity + written)
+        index = episode_index(capacity, columns, written, seed=capacity + written)
         excluded = torch.zeros(capacity * columns, dtype=torch.bool)
         tree = torch.rand(capacity * columns, generator=torch.Generator().manual_seed(1)) + 1
         flat, to_held, _ = start_exclusions_ref(index.row_traj, index.start, index.stop, excluded, tree, tree * 0, first,
@@ -57,7 +47,7 @@ def test_the_twin_decides_by_the_step_rule(strict, kept):
 def test_the_compiled_cpu_loop_matches_the_twin(dtype, strict):
     g = torch.Generator().manual_seed(7)
     for capacity, columns, written, first in _cases():
-        index = _index(capacity, columns, written, seed=capacity + written)
+        index = episode_index(capacity, columns, written, seed=capacity + written)
         size = capacity * columns
         for kept in (0, 1, 3):
             excluded = torch.rand(size, generator=g) < 0.5
