@@ -15,7 +15,9 @@ and from ``end_key``:
 The ``slice_cycle`` rows time what an online learner does at every step with ``SliceSampler``:
 write 1,024 new steps (episodes continuing from one write to the next, into the full buffer), then
 sample. gpubuf brings its boundaries up to date with the rows written; TorchRL's cache, when on, is
-dropped by every write, so both of its rows scan the whole column at every step.
+dropped by every write, so both of its rows scan the whole column at every step. The
+``prioritized_slice_cycle`` rows do the same with ``PrioritizedSliceSampler`` and then set the
+sampled steps' priorities (the batch's ``"index"``).
 
 The prioritized rows (``prioritized_slice_sample``) run each library's ``PrioritizedSliceSampler``
 (``alpha=0.7``, ``beta=0.5``, every step at priority 1 but one in 64 at 4) the same way, and the
@@ -61,7 +63,10 @@ NUM_SLICES, SLICE_LEN = 32, 32
 #: Steps a write of the cycle rows adds, and how many different writes they cycle through.
 CYCLE_ROWS, CYCLE_WRITES = 1024, 64
 OPS = {"slice": "slice_sample", "prioritized": "prioritized_slice_sample",
-       "without": "slice_sample_without_replacement", "cycle": "slice_cycle"}
+       "without": "slice_sample_without_replacement", "cycle": "slice_cycle",
+       "pcycle": "prioritized_slice_cycle"}
+#: The sampler of each kind (the cycles' are the samples').
+SAMPLER_OF = {"cycle": "slice", "pcycle": "prioritized"}
 
 
 def transitions(n: int, seed: int = 0) -> TensorDict:
@@ -77,6 +82,7 @@ def transitions(n: int, seed: int = 0) -> TensorDict:
 
 
 def make(provider: str, key: str, n: int, device: str, kind: str = "slice"):
+    kind = SAMPLER_OF.get(kind, kind)
     if provider == "gpubuf":
         import gpubuf as lib
 
@@ -106,14 +112,19 @@ def writes(device: str) -> list[TensorDict]:
 
 
 def workload(rb, kind: str, pieces: list[TensorDict]):
-    """What a timed call runs: ``rb.sample``, or for the cycle rows the next write then a sample."""
-    if kind != "cycle":
+    """What a timed call runs: ``rb.sample``, or for the cycle rows the next write then a sample
+    (and for the prioritized cycle, priorities for the sampled steps)."""
+    if kind not in SAMPLER_OF:
         return rb.sample
     step = iter(range(1 << 62))
+    priorities = torch.linspace(0.5, 2.0, NUM_SLICES * SLICE_LEN, device=pieces[0].device)
 
     def cycle():
         rb.extend(pieces[next(step) % len(pieces)])
-        return rb.sample()
+        batch = rb.sample()
+        if kind == "pcycle":
+            rb.update_priority(batch["index"], priorities)
+        return batch
 
     return cycle
 
@@ -121,7 +132,7 @@ def workload(rb, kind: str, pieces: list[TensorDict]):
 def fill(rb, data: TensorDict, kind: str) -> None:
     """Writes ``data``; a prioritized buffer then gets one step in 64 at priority 4."""
     rb.extend(data)
-    if kind == "prioritized":
+    if SAMPLER_OF.get(kind, kind) == "prioritized":
         index = torch.arange(0, data.shape[0], 64)
         rb.update_priority(index, torch.full((index.shape[0],), 4.0))
 
@@ -165,7 +176,7 @@ def quantiles(values: list[float]) -> dict:
 def run(sizes: list[int], repeats: int, device: str, kinds: list[str]) -> dict:
     providers = ["gpubuf", "torchrl", "torchrl-cache"]
     results: dict = {"rows": [], "ratios": [], "flat": []}
-    pieces = writes(device) if "cycle" in kinds else []
+    pieces = writes(device) if set(kinds) & set(SAMPLER_OF) else []
     # Compiled CPU kernels (the window draws) compile on first use: not part of any timing.
     for kind in kinds:
         for key in ("traj_key", "end_key"):
