@@ -34,7 +34,7 @@ once in a CUDA graph and replayed (no host sync on the device path makes that po
 TorchRL's samplers read the device on the host and cannot be captured)::
 
     python benchmarks/bench_slice.py [--sizes 1000000 10000000] [--repeats 30] [--threads N]
-        [--samplers slice prioritized without cycle] [--device cpu|cuda]
+        [--samplers slice prioritized without cycle pcycle] [--device cpu|cuda]
         [--json benchmarks/results/cpu-2core/slice-<date>.json]
 
 ``--threads`` sets torch's thread count for both libraries; without it each runs with torch's

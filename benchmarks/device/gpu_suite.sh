@@ -15,7 +15,7 @@
 #     bench    gpubuf bench --full on CUDA: extend, sample, cycle, draw, update, with TorchRL beside it
 #     codec    benchmarks/bench_compressed.py on CUDA, with the decode rate of the Triton kernel
 #     slice    benchmarks/bench_slice.py on CUDA: the three slice samplers at N = 1M and 10M beside TorchRL, replayed
-#              from a CUDA graph, and the write-then-sample cycle
+#              from a CUDA graph, and the write-then-sample cycles
 #     gather   the gather's GB/s next to the same run's device-to-device copy bandwidth
 #     counts   launches and host syncs of sample, extend, the prioritized cycle, the three slice samplers and the two
 #              slice cycles (extend, sample, update) (B = 256, 65536),
