@@ -138,6 +138,26 @@ def test_prioritized_slice_writes_updates_and_samples_on_the_device_path_never_s
     rb.sampler.check_errors()
 
 
+def test_a_bad_priority_for_a_held_step_is_skipped_and_reported_at_the_check():
+    """On the device path a bad priority is skipped (the held tree keeps its leaf) and raised by
+    ``check_errors``, as the prioritized sampler reports its own; the valid ones are written."""
+    from gpubuf.errors import PriorityError
+
+    rb = _buffer(PrioritizedSliceSampler(300, alpha=0.7, beta=0.5, num_slices=8, traj_key="episode"), "triton", False)
+    rb.sample()
+    sampler = rb.sampler
+    held = int(sampler._excluded.nonzero().reshape(-1)[0])
+    free = int((~sampler._excluded[:300]).nonzero().reshape(-1)[0])
+    held_before, tree_before = sampler._held.values().clone(), sampler.tree.values().clone()
+    with count_device_work("cpu") as work:
+        rb.update_priority(torch.tensor([free, held]), torch.tensor([3.0, float("nan")]))
+    assert work.host_syncs == 0, work.summary()
+    assert torch.equal(sampler._held.values(), held_before)
+    assert sampler.tree.values()[free] != tree_before[free]
+    with pytest.raises(PriorityError):
+        sampler.check_errors()
+
+
 def test_a_prioritized_slice_update_past_the_tree_is_reported_at_the_check_without_a_sync():
     """An index past the tree, on the device path: the update skips it and records the error (no
     host read), the exclusions are read at a clamped index (never out of bounds), and the valid

@@ -548,6 +548,24 @@ def test_prioritized_exclusions_follow_writes_and_updates(tmp_path, strict):
     assert torch.equal(restored.sampler._held.values(), sampler._held.values())
 
 
+@pytest.mark.parametrize("bad", [float("nan"), -1.0, float("inf")])
+def test_a_bad_priority_for_a_held_step_changes_neither_tree(bad):
+    """An update's held steps go to the held tree and the others to the tree, in two updates: a
+    bad priority among the held ones is refused before either tree, or the maximum, changes."""
+    sampler = gpubuf.PrioritizedSliceSampler(60, 0.7, 0.5, slice_len=3, traj_key="episode")
+    rb = _buffer(sampler, 60)
+    rb.extend(_transitions(_episodes([6] * 8)))
+    rb.sample(6)
+    held = sampler._excluded.nonzero().reshape(-1)
+    assert held.numel()
+    index = torch.tensor([0, 1, int(held[0])])
+    before = [sampler.tree.values().clone(), sampler._held.values().clone(), sampler._max_value.clone()]
+    with pytest.raises(errors.PriorityError):
+        rb.update_priority(index, torch.tensor([5.0, 2.0, bad]))
+    after = [sampler.tree.values(), sampler._held.values(), sampler._max_value]
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
 def test_a_state_dict_is_a_snapshot_that_later_writes_leave_alone():
     """The boundaries in a sampler's state are copies: writes after it was taken (which update the
     index's tables in place) do not reach it, and loading it gives the trajectories of then."""
