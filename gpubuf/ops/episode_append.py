@@ -188,12 +188,8 @@ def episode_append(
         BackendUnavailableError: an explicit backend that cannot run here.
     """
     _check(breaks, start, stop, row_traj, head, tail, deques, written, capacity, fresh)
-    which = resolve("episode_append", breaks, backend)
-    if which == "torch":
-        episode_append_ref(breaks, start, stop, row_traj, head, tail, deques, written, capacity, fresh)
-    else:
-        implementation("episode_append", which)(
-            breaks.contiguous(), start, stop, row_traj, head, tail, list(deques), written, capacity, fresh)
+    resolve("episode_append", breaks, backend)  # raises for an explicit backend that cannot run here
+    episode_append_trusted(breaks, start, stop, row_traj, head, tail, list(deques), written, capacity, fresh, backend)
 
 
 def episode_append_trusted(
@@ -216,7 +212,7 @@ def episode_append_trusted(
     """
     if device_path(breaks, backend):
         which = "triton"
-    elif backend in ("auto", "numba") and not breaks.is_cuda and numba_enabled():
+    elif not breaks.is_cuda and (backend == "numba" or backend == "auto" and numba_enabled()):
         which = "numba"
     else:
         episode_append_ref(breaks, start, stop, row_traj, head, tail, deques, written, capacity, fresh)

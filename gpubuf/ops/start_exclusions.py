@@ -109,6 +109,6 @@ def start_exclusions_trusted(
     if row_traj.device == excluded.device:
         if device_path(excluded, backend):
             return implementation("start_exclusions", "triton")(*args)
-        if backend in ("auto", "numba") and excluded.device.type == "cpu" and numba_enabled():
+        if excluded.device.type == "cpu" and (backend == "numba" or backend == "auto" and numba_enabled()):
             return implementation("start_exclusions", "numba")(*args)
     return start_exclusions_ref(*args)
