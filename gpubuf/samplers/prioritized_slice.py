@@ -109,9 +109,21 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
                 stacklevel=2,
             )
             self.span = (0, self.span[1])
-        self._held = SumTree(self._max_capacity, dtype=dtype, device=self._tree.device)
-        self._excluded = torch.zeros(self._max_capacity, dtype=torch.bool, device=self._tree.device)
+        self._reset_held()
+
+    def _reset_held(self) -> None:
+        """An empty held tree, no exclusion, and the device constants, on the tree's device."""
+        device = self._tree.device
+        self._held = SumTree(self._max_capacity, dtype=self.dtype, device=device)
+        self._excluded = torch.zeros(self._max_capacity, dtype=torch.bool, device=device)
         self._excluded_for: int | None = None  # the slice length the exclusions were set for
+        self._make_constants(device)
+
+    def _make_constants(self, device: torch.device) -> None:
+        # Operands kept on the device: a Python number given to torch.where, or a priority
+        # tensor made per call, would each cost a launch at every write and update.
+        self._no_index = torch.tensor(-1, dtype=torch.int64, device=device)
+        self._zero_priority = torch.zeros(1, dtype=torch.float64, device=device)
 
     # ------------------------------------------------------------------ writes
     def add(self, index: Any) -> None:
@@ -126,9 +138,9 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         # CUDA): the update ignores the -1 entries.
         flat = self._flat_index(index, self._storage)
         if flat.numel():
-            held = torch.where(self._excluded[flat], flat, -1)
-            zeros = torch.zeros(flat.shape[0], dtype=torch.float64, device=flat.device)
-            sumtree_update(self._held, held, zeros, alpha=1.0, eps=0.0, validate=False, backend=self._backend)
+            held = torch.where(self._excluded[flat], flat, self._no_index)
+            sumtree_update(self._held, held, self._zero_priority, alpha=1.0, eps=0.0, validate=False,
+                           backend=self._backend)
             self._excluded[flat] = False
         SliceSampler.extend(self, index)
 
@@ -151,6 +163,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         if self._held.device != self._tree.device:
             self._held = self._held.to(self._tree.device)
             self._excluded = self._excluded.to(self._tree.device)
+            self._make_constants(self._tree.device)
 
     def update_priority(self, index: Any, priority: Any, *, storage: Any = None) -> None:
         """As :meth:`PrioritizedSampler.update_priority`; a step that cannot start a slice keeps
@@ -173,9 +186,10 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         """
         if new_items or self._excluded_for is None:
             return ((self._tree, flat),)
-        last = self._excluded.shape[0] - 1
-        held = self._excluded[flat.clamp(0, last)] & (flat >= 0) & (flat <= last)
-        return ((self._tree, torch.where(held, -1, flat)), (self._held, torch.where(held, flat, -1)))
+        safe = flat.clamp(0, self._excluded.shape[0] - 1)
+        held = self._excluded[safe] & (safe == flat)
+        no_index = self._no_index
+        return ((self._tree, torch.where(held, no_index, flat)), (self._held, torch.where(held, flat, no_index)))
 
     # ------------------------------------------------------------------ exclusions
     def _apply_moves(self, flat: torch.Tensor, to_held: torch.Tensor, to_tree: torch.Tensor) -> None:
@@ -355,9 +369,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         slices = self._parse_slice_state(state_dict.get("_slices", {}) if isinstance(state_dict, dict) else state_dict)
         PrioritizedSampler.load_state_dict(self, state_dict)
         self._install_slice_state(slices)
-        self._held = SumTree(self._max_capacity, dtype=self.dtype, device=self._tree.device)
-        self._excluded = torch.zeros(self._max_capacity, dtype=torch.bool, device=self._tree.device)
-        self._excluded_for = None
+        self._reset_held()
 
     def _check_state_dict(self, state_dict: Any) -> None:
         PrioritizedSampler._check_state_dict(self, state_dict)

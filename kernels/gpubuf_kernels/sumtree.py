@@ -448,7 +448,14 @@ def sumtree_update_triton(
     bits = tree.leaves.view(_BITS[tree.leaves.dtype])
     values = torch.empty(n, dtype=tree.leaves.dtype, device=device)
     rows = torch.empty(n, dtype=torch.int64, device=device)
-    max_bits = (max_priority if max_priority is not None else torch.full((1,), -float("inf"), dtype=torch.float64, device=device)).view(torch.int64)
+    if max_priority is not None:
+        max_bits = max_priority.view(torch.int64)
+    elif priority is None:
+        max_bits = torch.full((1,), -float("inf"), dtype=torch.float64, device=device).view(torch.int64)  # "none yet"
+    else:
+        # Read only with FROM_MAX or TRACK_MAX, neither of which this launch has: any int64
+        # tensor of the device stands in, where a new -inf one would cost a launch.
+        max_bits = rows
     blk = block or SUMTREE["BLOCK"]
     grid = (cdiv(n, blk),)
     warps = SUMTREE["num_warps"]
