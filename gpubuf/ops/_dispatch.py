@@ -203,7 +203,6 @@ def device_path(tensor: torch.Tensor, backend: str = "auto") -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-@functools.lru_cache(maxsize=None)
 def implementation(op: str, which: str) -> Callable[..., Any]:
     """The kernel :data:`KERNELS` lists for ``op`` under backend ``which`` (``"triton"`` or ``"numba"``).
 
