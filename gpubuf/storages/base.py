@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Collection, Sequence
+from typing import Any, Callable, Collection, NamedTuple, Sequence
 
 import torch
 
@@ -31,6 +31,17 @@ class WriteCursor:
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self.lock = threading.RLock()
+
+
+class Appended(NamedTuple):
+    """Where :meth:`Storage._append_rows` wrote a batch, and the index column it filled."""
+
+    #: The dim-0 row the batch starts at.
+    start: int
+    #: For a batch written with an ``index_key``: its items' dim-0 rows as the index column got
+    #: them, ``int64 [n]`` on the data's device (the writer hands them back instead of making
+    #: them again: one launch less per extend on CUDA). Otherwise None.
+    rows: torch.Tensor | None = None
 
 
 class Storage:
@@ -134,7 +145,7 @@ class Storage:
 
     def _append_rows(
         self, cursor: WriteCursor, data: Any, *, single: bool = False, index_key: tuple | None = None
-    ) -> int:
+    ) -> Appended:
         """Writes ``data`` at ``cursor``, then moves the cursor past it and counts its items.
 
         The writers' one path. Nothing changes (cursor, count, contents) when the data is
@@ -149,9 +160,11 @@ class Storage:
                 that entry after the write.
 
         Returns:
-            The dim-0 row the data starts at; row ``i`` of a batch goes to
-            ``(start + i) % capacity_along_dim0``.
+            :class:`Appended`: the dim-0 row the data starts at (row ``i`` of a batch goes to
+            ``(start + i) % capacity_along_dim0``) and, for a batch with ``index_key``, the rows
+            written into that column.
         """
+        rows = None
         with cursor.lock:
             start = cursor.cursor
             if single:
@@ -169,7 +182,7 @@ class Storage:
                 self._write_rows(start, data)
             cursor.cursor = (start + n) % cap0
             cursor.write_count += n
-        return start
+        return Appended(start, rows)
 
     def _check_rows(self, data: Any) -> None:
         """Raises what writing the batch ``data`` would raise (schema, dtype, device), writing

@@ -41,6 +41,7 @@ from gpubuf.errors import (
 from gpubuf.storages import _cleanup
 from gpubuf.storages import _memmap_files as files
 from gpubuf.storages._layout import Layout
+from gpubuf.storages.base import Appended
 from gpubuf.storages._shared import (
     STATUS_EMPTY,
     STATUS_INITIALIZING,
@@ -619,7 +620,7 @@ class LazyMemmapStorage(LazyTensorStorage):
     # ------------------------------------------------------------------ writing
     def _append_rows(
         self, cursor: Any, data: Any, *, single: bool = False, index_key: tuple | None = None
-    ) -> int:
+    ) -> Appended:
         """Writes a batch at ``cursor``, the shared write cursor (:attr:`_write_state`): the writers' path.
 
         Validates the batch (nothing changes if it is rejected), creates or maps the files on
@@ -669,13 +670,12 @@ class LazyMemmapStorage(LazyTensorStorage):
             # is full, a writer delayed by a whole lap of the others would otherwise copy over
             # rows that a later reservation is copying at the same time, leaving rows whose
             # fields come from two writes.
-            if index_key is not None:
-                self._fill_index(leaves, index_key, start, n, cap0)
+            rows = None if index_key is None else self._fill_index(leaves, index_key, start, n, cap0)
             self._copy_rows(first, skip, count, leaves)
             state.length = min(state.length + n * self._rest_numel, self.max_size)
         finally:
             lock.release()
-        return start
+        return Appended(start, None if single else rows)
 
     def _copy_rows(self, first: int, skip: int, count: int, leaves: list[torch.Tensor]) -> None:
         """Copies ``count`` batch rows from ``skip`` on into dim-0 rows ``first, ...`` (wrapping
@@ -722,16 +722,20 @@ class LazyMemmapStorage(LazyTensorStorage):
                 if not written:
                     store[row : row + n].copy_(rows)
 
-    def _fill_index(self, leaves: list[torch.Tensor], index_key: tuple, start: int, n: int, cap0: int) -> None:
-        """Replaces the ``index_key`` leaf by each row's dim-0 index (broadcast over its item shape)."""
+    def _fill_index(
+        self, leaves: list[torch.Tensor], index_key: tuple, start: int, n: int, cap0: int
+    ) -> torch.Tensor | None:
+        """Replaces the ``index_key`` leaf by each row's dim-0 index (broadcast over its item
+        shape); returns those rows as ``int64 [n]``, or None when the layout has no such leaf."""
         pos = self._layout.index_of(index_key)
         if pos is None:
-            return
+            return None
         spec = self._layout.leaves[pos]
-        rows = torch.arange(start, start + n, dtype=spec.dtype)
+        rows = torch.arange(start, start + n, dtype=torch.int64)
         if start + n > cap0:
             rows = rows % cap0
-        leaves[pos] = rows.view(n, *([1] * len(spec.shape))).expand(n, *spec.shape)
+        leaves[pos] = rows.to(spec.dtype).view(n, *([1] * len(spec.shape))).expand(n, *spec.shape)
+        return rows
 
     def _write_rows(self, start: int, data: Any) -> int:
         """Writes a batch at dim-0 rows ``start, start+1, ...`` (wrapping); the length grows.

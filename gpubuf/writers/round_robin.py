@@ -63,7 +63,7 @@ class RoundRobinWriter(Writer):
     # ------------------------------------------------------------------ writing
     def add(self, data: Any) -> int:
         """Writes one item at the cursor and returns its index (int; a coordinate tensor for ``ndim > 1``)."""
-        index = self._storage._append_rows(self._state, data, single=True)
+        index = self._storage._append_rows(self._state, data, single=True).start
         self._bump_generation(index)
         return self._replicate_index(index)
 
@@ -79,7 +79,7 @@ class RoundRobinWriter(Writer):
                 written then).
         """
         n = self._check_length(data)
-        start = self._storage._append_rows(self._state, data)
+        start = self._storage._append_rows(self._state, data).start
         index = self._index(start, n, data)
         self._bump_generation(index)
         return self._replicate_index(index)
@@ -194,7 +194,7 @@ class TensorDictRoundRobinWriter(RoundRobinWriter):
     def add(self, data: Any) -> int:
         # The row is known only once reserved: the storage writes it into "index" itself.
         with _index_entry(data, torch.zeros(data.batch_size, dtype=torch.long, device=data.device)) as entry:
-            index = self._storage._append_rows(self._state, data, single=True, index_key=entry.key)
+            index = self._storage._append_rows(self._state, data, single=True, index_key=entry.key).start
         entry.keep(torch.full(data.batch_size, index, dtype=torch.long, device=data.device))
         self._bump_generation(index)
         return self._replicate_index(index)
@@ -204,8 +204,9 @@ class TensorDictRoundRobinWriter(RoundRobinWriter):
         # Only its key and dtype matter: the storage writes each row's index into it.
         placeholder = torch.empty(data.batch_size, dtype=torch.long, device=data.device)
         with _index_entry(data, placeholder) as entry:
-            start = self._storage._append_rows(self._state, data, index_key=entry.key)
-        index = self._index(start, n, data)
+            start, rows = self._storage._append_rows(self._state, data, index_key=entry.key)
+        # The rows the storage wrote into the index column are the ones to hand back.
+        index = rows if rows is not None else self._index(start, n, data)
         entry.keep(_index_value(index, data))
         self._bump_generation(index)
         return self._replicate_index(index)

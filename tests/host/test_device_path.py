@@ -38,11 +38,13 @@ def test_an_extend_on_the_device_path_writes_every_field_in_one_launch_and_never
     rb = _buffer("triton")
     data = _rows(5, start=100)
     with count_device_work("cpu") as work:
-        rb.extend(data)
-    # One fused write of the stored fields (five and "index"), and the index range: the one the
-    # storage writes into "index" and the one extend returns.
-    assert_work(work, launches=3, host_syncs=0,
-                kernels={"triton:_write_rows_kernel": 1, "aten:arange.start": 2})
+        index = rb.extend(data)
+    # One fused write of the stored fields (five and "index"), and the index range: the storage
+    # writes it into "index", and extend hands the same rows back.
+    assert_work(work, launches=2, host_syncs=0,
+                kernels={"triton:_write_rows_kernel": 1, "aten:arange.start": 1})
+    assert torch.equal(index, torch.arange(33, 38))
+    assert torch.equal(rb[33:38]["index"], index)
     assert torch.equal(rb[33:38]["reward"], torch.arange(100, 105).double())
     want = _buffer("auto")
     want.extend(data)
@@ -53,10 +55,11 @@ def test_an_extend_that_wraps_on_the_device_path_writes_in_one_launch_and_never_
     rb = _buffer("triton")
     data = _rows(10, start=200)
     with count_device_work("cpu") as work:
-        rb.extend(data)  # rows 33..39 then 0..2
-    # The fused write wraps by itself; the wrapped index ranges take an arange and a modulo each.
-    assert_work(work, launches=5, host_syncs=0,
-                kernels={"triton:_write_rows_kernel": 1, "aten:arange.start": 2, "aten:remainder.Scalar": 2})
+        index = rb.extend(data)  # rows 33..39 then 0..2
+    # The fused write wraps by itself; the wrapped index range takes an arange and a modulo.
+    assert_work(work, launches=3, host_syncs=0,
+                kernels={"triton:_write_rows_kernel": 1, "aten:arange.start": 1, "aten:remainder.Scalar": 1})
+    assert torch.equal(index, torch.cat([torch.arange(33, 40), torch.arange(3)]))
     assert torch.equal(rb[:3]["reward"], torch.tensor([207.0, 208.0, 209.0], dtype=torch.float64))
     want = _buffer("auto")
     want.extend(data)
