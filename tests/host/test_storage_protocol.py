@@ -84,6 +84,26 @@ def test_the_default_write_path_fills_the_index_entry():
     assert torch.equal(batch["index"], info["index"])
 
 
+@pytest.mark.parametrize(
+    "make",
+    [lambda tmp: DictStorage(6), lambda tmp: LazyTensorStorage(6), lambda tmp: LazyMemmapStorage(6, scratch_dir=tmp / "m")],
+    ids=["defaults", "tensor", "memmap"],
+)
+def test_append_rows_reports_the_index_rows_it_wrote_and_extend_hands_them_back(make, tmp_path):
+    """``_append_rows`` returns where the batch went and, with an index key, the rows it wrote
+    into that column; extend returns those rows, which match the stored "index" column."""
+    storage = make(tmp_path)
+    appended = storage._append_rows(WriteCursor(), _rows(0, 2))
+    assert appended.start == 0 and appended.rows is None  # no index column asked for
+    rb = TensorDictReplayBuffer(storage=make(tmp_path / "rb"))
+    rb.extend(_rows(0, 4))
+    index = rb.extend(_rows(4, 4))  # rows 4, 5, then 0, 1
+    assert index.dtype == torch.long and index.tolist() == [4, 5, 0, 1]
+    stored = [int(rb.storage.get(i)["index"]) for i in range(6)]
+    assert stored == [0, 1, 2, 3, 4, 5]
+    assert [float(rb.storage.get(i)["x"]) for i in (0, 1, 4, 5)] == [6.0, 7.0, 4.0, 5.0]
+
+
 @pytest.mark.parametrize("make", [lambda tmp: LazyTensorStorage(6), lambda tmp: LazyMemmapStorage(6, scratch_dir=tmp / "m")],
                          ids=["tensor", "memmap"])
 def test_writers_share_a_storage_s_cursor_only_when_it_declares_one(make, tmp_path):
