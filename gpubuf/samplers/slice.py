@@ -423,7 +423,9 @@ class SliceSampler(Sampler):
         signal = self._signal(storage, rows, columns, shape)
         breaks = self._breaks(signal)
         index.append(breaks, self._backend)
-        self._last = signal[-1].clone()
+        # A view, no copy (a launch per write on CUDA): the signal is read for these rows alone,
+        # by a gather, so it never shares the storage's memory and nothing writes to it again.
+        self._last = signal[-1]
 
     def _rebuild(
         self,
@@ -450,6 +452,7 @@ class SliceSampler(Sampler):
             index.written = oldest  # so that absolute times land on their physical rows
             rows = (oldest + torch.arange(capacity, device=device)) % capacity
         self._feed(storage, index, rows, columns, shape)
+        self._last = self._last.clone()  # not a view keeping the whole storage's read alive
         return index
 
     @staticmethod
@@ -930,7 +933,7 @@ class SliceSampler(Sampler):
         state["pending"] = pending
         state["source_kind"] = None if self._source is None else self._source[0]
         state["source_keys"] = None if self._source is None else [list(k) for k in self._keys_list()]
-        state["last"] = None if self._last is None else self._last.cpu()
+        state["last"] = None if self._last is None else self._last.to("cpu", copy=True)
         return state
 
     def _keys_list(self) -> list[tuple]:

@@ -583,6 +583,27 @@ def test_a_state_dict_is_a_snapshot_that_later_writes_leave_alone():
     assert _our_trajectories(restored) == then
 
 
+def test_the_newest_id_kept_between_writes_pins_at_most_the_last_write_s_read():
+    """The id of the newest row, kept to find whether the next write continues its trajectory,
+    is a view of the ids that write read (no copy per write), never of a read of the whole
+    storage, and a state copies it."""
+    data = _transitions(_random_stream(31, 30, max_len=8))
+    rb = _buffer(gpubuf.SliceSampler(slice_len=3, traj_key="episode"), 40)
+    rb.extend(data[:30])
+    rb.sample(6)
+    sampler = rb.sampler
+    rb.extend(data[30:35])
+    rb.sample(6)  # reads the 5 rows written
+    assert int(sampler._last) == int(data["episode"][34])
+    assert sampler._last.untyped_storage().nbytes() == 5 * sampler._last.element_size()
+    last = sampler.state_dict()["last"]
+    assert last.untyped_storage().nbytes() == last.element_size() and torch.equal(last, sampler._last)
+    # Reading every row again (a write the sampler did not follow): a copy of the one id.
+    sampler._rebuild(rb.storage, 40, 1, (), torch.device("cpu"), newest=34)
+    assert int(sampler._last) == int(data["episode"][34])
+    assert sampler._last.untyped_storage().nbytes() == sampler._last.element_size()
+
+
 # ---------------------------------------------------------------------- storages and buffers
 @pytest.mark.parametrize("kind", ["memmap", "list"])
 def test_other_storages_give_the_tensor_storage_draws(kind, tmp_path):
