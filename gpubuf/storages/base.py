@@ -39,8 +39,9 @@ class Appended(NamedTuple):
     #: The dim-0 row the batch starts at.
     start: int
     #: For a batch written with an ``index_key``: its items' dim-0 rows as the index column got
-    #: them, ``int64 [n]`` on the data's device (the writer hands them back instead of making
-    #: them again: one launch less per extend on CUDA). Otherwise None.
+    #: them, ``int64 [n]`` on the data's device, which the data then holds as that entry (the
+    #: writer hands them back instead of making and setting them again: one launch less per
+    #: extend on CUDA). Otherwise None.
     rows: torch.Tensor | None = None
 
 

@@ -40,7 +40,7 @@ from gpubuf.errors import (
 )
 from gpubuf.storages import _cleanup
 from gpubuf.storages import _memmap_files as files
-from gpubuf.storages._layout import Layout
+from gpubuf.storages._layout import Layout, expand_as_batch
 from gpubuf.storages.base import Appended
 from gpubuf.storages._shared import (
     STATUS_EMPTY,
@@ -627,8 +627,8 @@ class LazyMemmapStorage(LazyTensorStorage):
         the first write, then, under the storage's lock, reserves the rows by moving the
         cursor, copies them and adds them to the length: writers in several processes take
         turns, and no row ever holds fields of two writes. See :meth:`Storage._append_rows` for the
-        arguments; ``index_key``'s leaf is filled with each row's own dim-0 index here,
-        without touching ``data``.
+        arguments; ``index_key``'s leaf is filled with each row's own dim-0 index under the lock,
+        and a batch's ``data`` gets those rows as its entry after the write.
 
         Raises:
             SchemaMismatchError, DTypeMismatchError, DeviceMismatchError, UnsupportedDataError:
@@ -675,7 +675,11 @@ class LazyMemmapStorage(LazyTensorStorage):
             state.length = min(state.length + n * self._rest_numel, self.max_size)
         finally:
             lock.release()
-        return Appended(start, None if single else rows)
+        if single or rows is None:
+            return Appended(start, None)
+        # As every storage's: the data then holds the rows as its index entry.
+        data.set(index_key, expand_as_batch(rows, data.batch_size))
+        return Appended(start, rows)
 
     def _copy_rows(self, first: int, skip: int, count: int, leaves: list[torch.Tensor]) -> None:
         """Copies ``count`` batch rows from ``skip`` on into dim-0 rows ``first, ...`` (wrapping

@@ -205,9 +205,11 @@ class TensorDictRoundRobinWriter(RoundRobinWriter):
         placeholder = torch.empty(data.batch_size, dtype=torch.long, device=data.device)
         with _index_entry(data, placeholder) as entry:
             start, rows = self._storage._append_rows(self._state, data, index_key=entry.key)
-        # The rows the storage wrote into the index column are the ones to hand back.
-        index = rows if rows is not None else self._index(start, n, data)
-        entry.keep(_index_value(index, data))
+        if rows is not None:
+            index = rows  # what the storage wrote into the index column; the data holds them already
+        else:
+            index = self._index(start, n, data)
+            entry.keep(_index_value(index, data))
         self._bump_generation(index)
         return self._replicate_index(index)
 

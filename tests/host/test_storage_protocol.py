@@ -95,6 +95,12 @@ def test_append_rows_reports_the_index_rows_it_wrote_and_extend_hands_them_back(
     storage = make(tmp_path)
     appended = storage._append_rows(WriteCursor(), _rows(0, 2))
     assert appended.start == 0 and appended.rows is None  # no index column asked for
+    # With an index key the data holds the rows written as that entry afterwards (the writer
+    # relies on it and sets nothing more).
+    other = make(tmp_path / "keyed")
+    data = _rows(0, 3).set("index", torch.full((3,), -7))
+    appended = other._append_rows(WriteCursor(), data, index_key=("index",))
+    assert appended.rows.tolist() == [0, 1, 2] and torch.equal(data["index"], appended.rows)
     rb = TensorDictReplayBuffer(storage=make(tmp_path / "rb"))
     rb.extend(_rows(0, 4))
     index = rb.extend(_rows(4, 4))  # rows 4, 5, then 0, 1
