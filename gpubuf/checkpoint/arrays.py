@@ -44,6 +44,7 @@ from gpubuf.checkpoint.format import (
     require_int,
     resolve_inside,
 )
+from gpubuf.checkpoint.prefault import populate
 from gpubuf.checkpoint.progress import progress_bar
 from gpubuf.checkpoint.staging import Staging
 from gpubuf.checkpoint.writeback import Writeback
@@ -434,7 +435,10 @@ def read_file(
             view = memoryview(out.numpy())
             done = 0
             while done < nbytes:
-                got = file.readinto(view[done : min(done + CHUNK, nbytes)])
+                end = min(done + CHUNK, nbytes)
+                if nbytes >= PACK_THRESHOLD:
+                    populate(out, done, end - done)  # the read below then faults no page in
+                got = file.readinto(view[done:end])
                 if not got:
                     raise CheckpointCorruptError(f"{rel!r} ended after {done} of {nbytes} bytes (truncated while read)")
                 if hasher is not None:
