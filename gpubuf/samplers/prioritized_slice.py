@@ -134,12 +134,12 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         PrioritizedSampler.extend(self, index)
         # The written steps hold the default priority in the tree; what was held aside for the
         # steps they overwrote is dropped now, so an update before the next draw lands right.
-        # The held ones are marked rather than selected (a selection's size is a host read on
-        # CUDA): the update ignores the -1 entries.
+        # Every written step's held leaf is zeroed, not only the held ones': the others are zero
+        # already (a leaf is in one tree, zero in the other), and picking the held ones would
+        # cost a gather and a select on the device for a write of the same size.
         flat = self._flat_index(index, self._storage)
         if flat.numel():
-            held = torch.where(self._excluded[flat], flat, self._no_index)
-            sumtree_update(self._held, held, self._zero_priority, alpha=1.0, eps=0.0, validate=False,
+            sumtree_update(self._held, flat, self._zero_priority, alpha=1.0, eps=0.0, validate=False,
                            backend=self._backend)
             self._excluded[flat] = False
         SliceSampler.extend(self, index)
