@@ -115,9 +115,17 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         """An empty held tree, no exclusion, and the device constants, on the tree's device."""
         device = self._tree.device
         self._held = SumTree(self._max_capacity, dtype=self.dtype, device=device)
-        self._excluded = torch.zeros(self._max_capacity, dtype=torch.bool, device=device)
+        self._set_exclusions(torch.zeros(self._max_capacity + 1, dtype=torch.bool, device=device))
         self._excluded_for: int | None = None  # the slice length the exclusions were set for
         self._make_constants(device)
+
+    def _set_exclusions(self, flags: torch.Tensor) -> None:
+        """Keeps ``flags`` (bool ``[capacity + 1]``) as the exclusions, ``_excluded`` its first
+        ``capacity`` entries (True: the step cannot start a slice). The last entry stays False:
+        an update looks every index up at ``clamp(index, -1, capacity)``, and one out of the
+        tree's range lands on it (see :meth:`_update_targets`)."""
+        self._exclusions = flags
+        self._excluded = flags[: self._max_capacity]
 
     def _make_constants(self, device: torch.device) -> None:
         # Operands kept on the device: a Python number given to torch.where, or a priority
@@ -162,7 +170,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         PrioritizedSampler._bind(self, storage)
         if self._held.device != self._tree.device:
             self._held = self._held.to(self._tree.device)
-            self._excluded = self._excluded.to(self._tree.device)
+            self._set_exclusions(self._exclusions.to(self._tree.device))
             self._make_constants(self._tree.device)
 
     def update_priority(self, index: Any, priority: Any, *, storage: Any = None) -> None:
@@ -181,13 +189,13 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
 
         An index is held where it is excluded and in the tree's range: a negative one (ignored
         by the update) and one past the tree (the tree's update checks it, on the device path
-        recording an error) go to the tree, and the exclusions are read at a clamped index,
-        never out of bounds. Marked, not selected (a selection's size is a host read on CUDA).
+        recording an error) go to the tree. The exclusions are read at ``clamp(index, -1,
+        capacity)``, never out of bounds: both ends land on the entry past the last step,
+        which is always False. Marked, not selected (a selection's size is a host read on CUDA).
         """
         if new_items or self._excluded_for is None:
             return ((self._tree, flat),)
-        safe = flat.clamp(0, self._excluded.shape[0] - 1)
-        held = self._excluded[safe] & (safe == flat)
+        held = self._exclusions[flat.clamp(-1, self._max_capacity)]
         no_index = self._no_index
         return ((self._tree, torch.where(held, no_index, flat)), (self._held, torch.where(held, flat, no_index)))
 
@@ -227,7 +235,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
         zero = torch.zeros_like(merged)
         self._tree.fill_(torch.where(excluded, zero, merged), validate=False)
         self._held.fill_(torch.where(excluded, merged, zero), validate=False)
-        self._excluded = excluded
+        self._excluded.copy_(excluded)
         self._excluded_for = seq_length
 
     def _excluded_steps(self, index: EpisodeIndex, seq_length: int) -> torch.Tensor:

@@ -125,13 +125,15 @@ def test_prioritized_slice_writes_updates_and_samples_on_the_device_path_never_s
         # (and a cumsum). Six sum-tree updates of two launches each: the new steps' priority,
         # the zeroed held leaves of every step written (no gather or select to pick the held
         # ones), the refresh's two moves, and the update's priorities of the steps in the tree
-        # and of those held aside. No launch of a constant: the -1 of a masked index and the
+        # and of those held aside, told apart by one lookup of the exclusions at a clamped
+        # index and two selects. No launch of a constant: the -1 of a masked index and the
         # zero priority are kept on the device, and an update without a running maximum
         # allocates none.
-        assert_work(work, launches=31, host_syncs=0, kernels={
+        assert_work(work, launches=29, host_syncs=0, kernels={
             "triton:_episode_rows_kernel": 1, "triton:_episode_lists_kernel": 1, "triton:_start_exclusions_kernel": 1,
             "triton:_sumtree_windows_kernel": 1, "triton:_sumtree_claim_kernel": 6, "aten:full.default": 0,
-            "aten:scalar_tensor.default": 0, "aten:zeros.default": 0, "aten:where.self": 2, "aten:index.Tensor": 2})
+            "aten:scalar_tensor.default": 0, "aten:zeros.default": 0, "aten:where.self": 2, "aten:index.Tensor": 2,
+            "aten:clamp.default": 1, "aten:eq.Tensor": 0, "aten:bitwise_and.Tensor": 0})
         host.extend(data)
         want = host.sample()
         host.update_priority(want["index"], priority)

@@ -566,6 +566,33 @@ def test_a_bad_priority_for_a_held_step_changes_neither_tree(bad):
     assert all(torch.equal(a, b) for a, b in zip(before, after))
 
 
+def test_an_index_past_the_tree_goes_to_the_tree_even_where_the_last_step_is_held():
+    """The exclusions are looked up at ``clamp(index, -1, capacity)``, whose two ends land on an
+    entry past the last step that is never set: an index past the tree is the first tree's to
+    refuse whatever the last step's exclusion, so that a refused update changes neither tree."""
+    sampler = gpubuf.PrioritizedSliceSampler(48, 0.7, 0.5, slice_len=3, traj_key="episode")
+    rb = _buffer(sampler, 48)
+    rb.extend(_transitions(_episodes([6] * 8)))  # fills the ring: each episode's last 2 steps are held
+    rb.sample(6)
+    assert bool(sampler._excluded[47]) and bool(sampler._excluded[0]) is False
+    assert sampler._exclusions.shape == (49,) and not bool(sampler._exclusions[48])
+    tree, held = sampler._update_targets(torch.tensor([48, 10**6, -1, -10**6, 47, 0]), False)
+    assert tree[0] is sampler.tree and held[0] is sampler._held
+    assert tree[1].tolist() == [48, 10**6, -1, -10**6, -1, 0]
+    assert held[1].tolist() == [-1, -1, -1, -1, 47, -1]
+    before = [sampler.tree.values().clone(), sampler._held.values().clone(), sampler._max_value.clone()]
+    for index in ([48], [10**6], [0, 47, 48]):
+        with pytest.raises(errors.IndexOutOfRangeError):
+            rb.update_priority(torch.tensor(index), torch.full((len(index),), 3.0))
+        after = [sampler.tree.values(), sampler._held.values(), sampler._max_value]
+        assert all(torch.equal(a, b) for a, b in zip(before, after)), index
+    rb.update_priority(torch.tensor([0, 47]), torch.tensor([3.0, 3.0]))
+    value = (3.0 + sampler._eps) ** 0.7
+    assert math.isclose(float(sampler.tree.values()[0]), value, rel_tol=1e-6)
+    assert math.isclose(float(sampler._held.values()[47]), value, rel_tol=1e-6)
+    assert float(sampler.tree.values()[47]) == 0.0 and float(sampler._held.values()[0]) == 0.0
+
+
 def test_a_state_dict_is_a_snapshot_that_later_writes_leave_alone():
     """The boundaries in a sampler's state are copies: writes after it was taken (which update the
     index's tables in place) do not reach it, and loading it gives the trajectories of then."""
