@@ -46,6 +46,9 @@ class TensorDictReplayBuffer(ReplayBuffer):
         """Writes a batch of TensorDicts; sets ``tensordicts["index"]``; updates priorities from
         ``priority_key`` when present (and ``update_priority`` is not False).
 
+        An empty batch (no item along the extend dim) writes nothing and returns an empty
+        index, as TorchRL's TensorDict buffers do; :class:`ReplayBuffer` refuses one.
+
         Raises:
             UnsupportedDataError: the data is not a TensorDict (use :class:`ReplayBuffer` for
                 tensorclasses and other data).
@@ -64,6 +67,10 @@ class TensorDictReplayBuffer(ReplayBuffer):
             tensordicts = tensordicts.copy()
         if tensordicts is None:
             return torch.zeros((0, self._storage.ndim), dtype=torch.long)
+        if tensordicts.batch_dims > self._dim_extend and tensordicts.batch_size[self._dim_extend] == 0:
+            # An empty batch writes nothing, as TorchRL's TensorDict buffers take it (a collector
+            # step that kept no transition): no index, no cursor move, no priority.
+            return torch.zeros((0,) if self._storage.ndim == 1 else (0, self._storage.ndim), dtype=torch.long)
         if update_priority is None or update_priority:
             self._check_item_priority(tensordicts)
         index = self._extend(tensordicts)

@@ -226,11 +226,21 @@ def test_set_out_of_range_cursor_writes_nothing(filled):
     assert_unchanged(filled, before)
 
 
-def test_empty_batch_is_refused(filled):
+def test_an_empty_batch_writes_nothing_into_a_tensordict_buffer_and_a_plain_buffer_refuses_it(filled):
+    """TorchRL's TensorDict buffers take an empty batch (a collector step that kept nothing) and
+    write nothing; its ReplayBuffer refuses one with a RuntimeError. gpubuf's do the same."""
     before = snapshot(filled)
-    with pytest.raises(SchemaMismatchError, match="empty batch"):
-        filled.extend(make_td(0))
+    index = filled.extend(make_td(0))
+    assert index.dtype == torch.int64 and index.shape == (0,)
     assert_unchanged(filled, before)
+    assert len(filled.sample()) == 4
+    plain = ReplayBuffer(storage=LazyTensorStorage(20), batch_size=4)
+    plain.extend(make_td(5))
+    before = snapshot(plain)
+    with pytest.raises(SchemaMismatchError, match="empty batch") as raised:
+        plain.extend(make_td(0))
+    assert isinstance(raised.value, RuntimeError)
+    assert_unchanged(plain, before)
 
 
 def test_tensordict_buffer_refuses_plain_tensors(filled):

@@ -290,6 +290,33 @@ def test_side_by_side_with_torchrl_sampler_without_replacement_epochs():
     assert [b.tolist() for b in ours] == [b.tolist() for b in theirs]
 
 
+@pytest.mark.parametrize("kind", ["tensor", "list", "memmap", "prioritized", "slice"])
+def test_side_by_side_with_torchrl_an_empty_batch_writes_nothing(kind, tmp_path):
+    """TorchRL's TensorDict buffers take an empty batch once they hold data: no index, no write,
+    no cursor move. So do gpubuf's, whatever the storage and sampler."""
+
+    def make(lib, scratch):
+        storage = {"list": lambda: lib.ListStorage(12),
+                   "memmap": lambda: lib.LazyMemmapStorage(12, scratch_dir=scratch)}.get(kind, lambda: lib.LazyTensorStorage(12))()
+        if kind == "prioritized":
+            return lib.TensorDictPrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=storage, batch_size=4)
+        sampler = lib.SliceSampler(num_slices=2, traj_key="episode") if kind == "slice" else lib.RandomSampler()
+        return lib.TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=4)
+
+    ours, theirs = make(gpubuf, tmp_path / "ours"), make(torchrl_data, tmp_path / "theirs")
+    for rb in (ours, theirs):
+        data = make_td(10)
+        data["episode"] = torch.arange(10) // 5
+        rb.extend(data)
+    empty = make_td(0)
+    empty["episode"] = torch.zeros(0, dtype=torch.int64)
+    got, want = ours.extend(empty.clone()), theirs.extend(empty.clone())
+    assert got.dtype == want.dtype == torch.int64 and got.shape == want.shape == (0,)
+    assert (len(ours), ours.write_count) == (len(theirs), theirs.write_count) == (10, 10)
+    assert torch.equal(ours[:]["obs"], theirs[:]["obs"])
+    assert ours.sample().batch_size == theirs.sample().batch_size
+
+
 def test_gpubuf_exports_errors_module():
     assert issubclass(gpubuf.errors.EmptyBufferError, RuntimeError)
 
