@@ -53,6 +53,7 @@ __all__ = [
     "StateDictError",
     "StateDictKeyError",
     "WritePositionError",
+    "BufferShutDownError",
 ]
 
 
@@ -202,6 +203,12 @@ class TrajectoryStepError(GpubufError, TypeError, ValueError, RuntimeError):
     """Stored trajectory ids or step numbers a fragmented slice sampler cannot order: not one
     integer per step, a negative step, or two stored steps with the same trajectory and step.
     TorchRL raises a ``TypeError``, ``ValueError`` or ``RuntimeError`` for these; this class is all three."""
+
+
+class BufferShutDownError(GpubufError, RuntimeError):
+    """A sample, or a conditional update submitted to run in the background, asked of a buffer
+    after its ``shutdown()`` (TorchRL raises a ``RuntimeError``). Writes, reads by index and
+    checkpoints still work; a shut down buffer cannot be started again."""
 
 
 # ------------------------------------------------------------------ distributed buffers

@@ -20,7 +20,7 @@ from tensordict.utils import unravel_key
 from gpubuf.buffers.conditional import ConditionalUpdateResult
 from gpubuf.buffers.query import _query_source
 from gpubuf.buffers.sample_units import SampleUnit, _last_written
-from gpubuf.errors import BatchSizeError
+from gpubuf.errors import BatchSizeError, BufferShutDownError
 from gpubuf.samplers.consuming import ConsumingSampler
 from gpubuf.samplers.random import RandomSampler
 from gpubuf.storages.base import Storage
@@ -261,15 +261,84 @@ class BufferExtras:
         return self
 
     def synchronize(self) -> None:
-        """Waits for batches being prefetched (their errors are raised here)."""
-        prefetcher = getattr(self, "_prefetcher", None)
-        if prefetcher is None:
-            return
-        with self._lock:
-            futures = [entry.future for entry in prefetcher._queue if entry.future is not None]
+        """Waits for the batches being prefetched and the conditional updates submitted
+        (:meth:`submit_update_if_present`); the first error of one of them is raised here.
+
+        Prefetched batches stay queued for the next samples.
+        """
+        prefetcher = self.__dict__.get("_prefetcher")
+        futures = []
+        if prefetcher is not None:
+            with self._lock:
+                futures = [entry.future for entry in prefetcher._queue if entry.future is not None]
+        updates = self.__dict__.get("_pending_updates")
+        if updates:
+            # Waited for in submission order; each is dropped once waited for, so an update's
+            # error is raised once.
+            futures += list(updates)
+            updates.clear()
         # Waited for outside the lock: a read may need it.
+        errors = []
         for future in futures:
-            future.result()
+            try:
+                future.result()
+            except BaseException as err:  # noqa: BLE001 - the first is raised once all are done
+                errors.append(err)
+        if errors:
+            raise errors[0]
+
+    # ------------------------------------------------------------------ lifecycle (TorchRL's direct service)
+    @property
+    def service_backend(self) -> str:
+        """``"direct"``: the buffer lives in the caller's process (a ``RayReplayBuffer`` says ``"ray"``)."""
+        return "direct"
+
+    @property
+    def is_alive(self) -> bool:
+        """Whether :meth:`shutdown` has not been called."""
+        return not self.__dict__.get("_shut_down", False)
+
+    def start(self) -> "BufferExtras":
+        """Returns the buffer, which serves from its construction on (TorchRL's lifecycle API).
+
+        Raises:
+            BufferShutDownError: the buffer was shut down.
+        """
+        if not self.is_alive:
+            raise BufferShutDownError("a shut down replay buffer cannot be restarted: build a new one")
+        return self
+
+    def client(self) -> "BufferExtras":
+        """The buffer itself: callers in this process use it directly."""
+        return self
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Waits for the batches being prefetched and the conditional updates submitted, then
+        stops their threads. Later samples and submitted updates raise
+        :class:`~gpubuf.errors.BufferShutDownError`; writes, reads by index and checkpoints
+        keep working, as in TorchRL. A second call does nothing.
+
+        Args:
+            timeout: accepted for TorchRL compatibility; the wait is not bounded (nor is it there).
+
+        Raises:
+            The first error of a prefetched read or a submitted update, once both threads are stopped.
+        """
+        del timeout
+        if self.__dict__.get("_shut_down"):
+            return
+        self.__dict__["_shut_down"] = True
+        error = None
+        try:
+            self.synchronize()
+        except BaseException as err:  # noqa: BLE001 - raised once the threads are stopped
+            error = err
+        for name in ("_update_executor", "_prefetch_executor"):
+            executor = self.__dict__.get(name)
+            if executor is not None:
+                executor.shutdown(wait=True)
+        if error is not None:
+            raise error
 
     def stats(self) -> dict[str, int | float | bool]:
         """A cheap snapshot of counters: ``size``, ``write_count``, ``prefetch_queue_size``,
@@ -424,12 +493,21 @@ class BufferExtras:
 
         Returns:
             A :class:`concurrent.futures.Future` of the :class:`ConditionalUpdateResult`. The inputs
-            must not be mutated until it completes.
+            must not be mutated until it completes. :meth:`synchronize` waits for it too.
+
+        Raises:
+            BufferShutDownError: the buffer was shut down.
         """
+        if self.__dict__.get("_shut_down"):
+            raise BufferShutDownError("a shut down replay buffer cannot accept updates: build a new one")
         executor = self.__dict__.get("_update_executor")
         if executor is None:
             executor = self.__dict__["_update_executor"] = ThreadPoolExecutor(max_workers=1)
-        return executor.submit(
+        pending = self.__dict__.setdefault("_pending_updates", [])
+        # Updates that succeeded are forgotten; the others wait for synchronize, which raises the
+        # first error among them.
+        pending[:] = [f for f in pending if not f.done() or f.cancelled() or f.exception() is not None]
+        future = executor.submit(
             self.update_if_present,
             index=index,
             generation=generation,
@@ -438,6 +516,8 @@ class BufferExtras:
             version=version,
             require_newer=require_newer,
         )
+        pending.append(future)
+        return future
 
     # ------------------------------------------------------------------ trajectory queries
     def query(self, predicate: Any = None, *, trajectory_key: Any = None) -> list:

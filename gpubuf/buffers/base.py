@@ -26,6 +26,7 @@ from gpubuf.buffers._validate import (
 )
 from gpubuf.errors import (
     BatchSizeError,
+    BufferShutDownError,
     CapacityError,
     ComponentTypeError,
     GpubufError,
@@ -665,7 +666,10 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         Raises:
             BatchSizeError: no batch size given anywhere, or a non-positive one.
             EmptyBufferError: the buffer holds no item.
+            BufferShutDownError: :meth:`shutdown` was called.
         """
+        if self.__dict__.get("_shut_down"):
+            raise BufferShutDownError("a shut down replay buffer cannot be sampled: build a new one")
         batch_size = self._resolve_batch_size(batch_size)
         if not self._prefetch_cap:
             data, info = self._sample(batch_size)
@@ -856,7 +860,8 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         batches are dropped first (their draws undone), as for any write."""
         self._invalidate_prefetch()
         state = dict(self.__dict__)
-        for name in ("_lock", "_prefetch_executor", "_prefetcher", "_side_streams", "_route_cache", "_update_executor", "_iterator"):
+        for name in ("_lock", "_prefetch_executor", "_prefetcher", "_side_streams", "_route_cache", "_update_executor",
+                     "_pending_updates", "_iterator"):
             state.pop(name, None)
         return state
 

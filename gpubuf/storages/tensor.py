@@ -563,6 +563,7 @@ class LazyTensorStorage(TensorStorage):
             )
         super().__init__(None, max_size, device=device, ndim=ndim, compilable=compilable)
         self.consolidated = consolidated
+        self.shared_init = False  # (refused above; LazyMemmapStorage sets its own)
         self.cleanup_memmap = cleanup_memmap
         if self._rows_in_memory and isinstance(self.device, torch.device):
             # Rows held in memory: a capacity beyond the device's bytes cannot work for any item.
