@@ -75,12 +75,17 @@ from gpubuf.writers import (
 from gpubuf.checkpoint import dump_buffer as _dump_buffer, dump_storage as _dump_storage
 from gpubuf.checkpoint import load_buffer as _load_buffer, load_storage as _load_storage
 from gpubuf.checkpoint import dump_component as _dump_component, load_component as _load_component
+from gpubuf.distributed.ray_buffer import ray_service as _ray_service
+from gpubuf.distributed.remote import actor_class as _actor_class
 
 # Buffers, storages, samplers and writers expose their state and never import the checkpoint code: the package,
 # above them all, tells them how their dumps() and loads() are done.
 Storage._checkpoint_io = (_dump_storage, _load_storage)
 ReplayBuffer._checkpoint_io = (_dump_buffer, _load_buffer)
 Sampler._checkpoint_io = Writer._checkpoint_io = (_dump_component, _load_component)
+# Likewise for the buffers served elsewhere: Buffer(..., service_backend="ray").
+ReplayBuffer._services = {"ray": _ray_service}
+ReplayBuffer._actor_class = staticmethod(_actor_class)
 
 
 __all__ = [

@@ -31,16 +31,34 @@ _PENDING = "_pending_init"
 
 
 class DelayedInitMeta(type):
-    """Builds a buffer's components at its first use when asked (TorchRL's ``delayed_init``).
+    """Builds a buffer's components at its first use when asked (TorchRL's ``delayed_init``), and
+    hands a buffer asked for as a service to that service (TorchRL's ``service_backend``).
 
     ``Buffer(..., delayed_init=True)`` (or ``transform_factory=...`` with ``delayed_init`` left
     to None) returns an object that only holds its constructor arguments; the first access to
     anything that needs the components runs the constructor (see
     :meth:`BufferExtras.__getattr__`). So a buffer built in one process and handed to another
     makes its transforms (``transform_factory()``) where it is used.
+
+    ``Buffer(..., service_backend="ray", service_backend_options={"ray_init_config": ...,
+    "remote_config": ...})`` returns the buffer built in a Ray actor (a
+    :class:`~gpubuf.distributed.RayReplayBuffer`), through the factory the package installs
+    in ``ReplayBuffer._services`` (buffers never import the distributed code).
     """
 
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+    def __call__(
+        cls, *args: Any, service_backend: str = "direct", service_backend_options: dict | None = None, **kwargs: Any
+    ) -> Any:
+        if service_backend != "direct":
+            # TorchRL's dispatch: Buffer(..., service_backend="ray") is the buffer in a Ray actor.
+            service = cls._services.get(service_backend)
+            if service is None:
+                raise ValueError(
+                    f"{cls.__name__} supports service_backend='direct' or 'ray', not {service_backend!r}"
+                )
+            return service(cls, args, kwargs, dict(service_backend_options or {}))
+        if service_backend_options:
+            raise ValueError("service_backend_options are only valid for non-direct services (service_backend='ray')")
         delayed = kwargs.get("delayed_init", _declared_default(cls))
         if delayed is None:
             delayed = kwargs.get("transform_factory") is not None
@@ -288,6 +306,24 @@ class BufferExtras:
             raise errors[0]
 
     # ------------------------------------------------------------------ lifecycle (TorchRL's direct service)
+    #: ``actor_class(buffer_cls, remote_config)``: installed by the package from
+    #: :mod:`gpubuf.distributed.remote` (buffers never import the distributed code).
+    _actor_class: Any = None
+
+    @classmethod
+    def as_remote(cls, remote_config: dict[str, Any] | None = None) -> Any:
+        """The Ray actor class of this buffer class (TorchRL's ``as_remote``): ``.remote(**kwargs)``
+        builds one.
+
+        Args:
+            remote_config: the actor's options; defaults to TorchRL's (one CPU, 2 GiB, 0.2 GPU
+                where CUDA is available).
+
+        Raises:
+            ImportError: Ray is not installed.
+        """
+        return cls._actor_class(cls, remote_config)
+
     @property
     def service_backend(self) -> str:
         """``"direct"``: the buffer lives in the caller's process (a ``RayReplayBuffer`` says ``"ray"``)."""

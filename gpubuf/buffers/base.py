@@ -136,11 +136,19 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
             CPU rows under Triton's interpreter (``TRITON_INTERPRET=1``) runs exactly the ops
             CUDA rows run: how the tests check the device path without a GPU. See
             :mod:`gpubuf.ops._dispatch`.
+        service_backend: ``"direct"`` (default: the buffer lives in this process) or ``"ray"``:
+            the constructor then returns the buffer built in a Ray actor, a
+            :class:`~gpubuf.distributed.RayReplayBuffer` (TorchRL's dispatch).
+        service_backend_options: for ``"ray"``: ``ray_init_config`` and ``remote_config`` (see
+            :class:`~gpubuf.distributed.RayReplayBuffer`).
+        transport, transport_options: the remote buffer's transport; a direct buffer takes
+            ``"auto"`` or ``"direct"`` and no options.
 
     Raises:
         BatchSizeError: ``prefetch`` without ``batch_size``, or a non-positive ``batch_size``.
         DeviceMismatchError: ``batch_device`` is a CUDA device and CUDA is not available.
-        ValueError: an unknown ``backend``.
+        ValueError: an unknown ``backend``, ``service_backend`` or direct ``transport``, or
+            ``service_backend_options`` / ``transport_options`` given to a direct buffer.
         BackendUnavailableError: ``backend`` names kernels that cannot run on this machine.
 
     Examples:
@@ -175,7 +183,18 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         delayed_init: bool | None = None,
         batch_device: torch.device | str | None = None,
         backend: str = "auto",
+        service_backend: str = "direct",
+        service_backend_options: dict[str, Any] | None = None,
+        transport: str = "auto",
+        transport_options: dict[str, Any] | None = None,
     ) -> None:
+        # (A buffer asked for as a Ray service never gets here: see DelayedInitMeta.)
+        if service_backend != "direct" or service_backend_options:
+            raise ValueError("a buffer built in this process has service_backend='direct' and no service_backend_options")
+        if transport not in ("auto", "direct"):
+            raise ValueError(f"A direct ReplayBuffer only supports transport='auto' or 'direct', got {transport!r}")
+        if transport_options:
+            raise ValueError("transport_options are only valid for a remote ReplayBuffer (service_backend='ray')")
         transform, sampler = self._torchrl_options(
             transform, sampler, prefetch, sample_unit, transform_factory, consume_after_n_samples
         )
@@ -226,6 +245,10 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         self.set_backend(backend)
 
     _default_writer = RoundRobinWriter
+    #: ``service_backend`` name -> ``factory(buffer_cls, args, kwargs, options)`` of a buffer served
+    #: elsewhere: installed by the package from :mod:`gpubuf.distributed` ("ray"); see
+    #: :class:`~gpubuf.buffers._torchrl_api.DelayedInitMeta`.
+    _services: dict[str, Callable[..., Any]] = {}
     #: ``(dump(buffer, path), load(buffer, path))``: installed by the package from
     #: :mod:`gpubuf.checkpoint`, which reads the buffer's state (the buffer never imports it).
     _checkpoint_io: tuple[Callable[[Any, Any], None], Callable[[Any, Any], None]] | None = None

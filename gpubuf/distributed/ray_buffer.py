@@ -10,6 +10,7 @@ from gpubuf.distributed._ray import RuntimeLease, default_remote_config, get, re
 from gpubuf.distributed.component import RemoteComponent
 from gpubuf.distributed.host import remote_host_class
 from gpubuf.distributed.rate_limiter import LimiterHandle, RateLimiter, admit_sample
+from gpubuf.distributed.remote import actor_class
 
 __all__ = ["RayReplayBuffer", "RayReplayBufferClient"]
 
@@ -451,6 +452,12 @@ class RayReplayBuffer(RayReplayBufferClient):
         super().__init__(actor, has_gpu=(config.get("num_gpus") or 0) > 0, limiter=limiter)
         self.replay_buffer_cls = replay_buffer_cls
 
+    @classmethod
+    def as_remote(cls, remote_config: dict[str, Any] | None = None) -> Any:
+        """The Ray actor class of this class (TorchRL's ``RayReplayBuffer`` has it as every buffer
+        does): an actor that owns a buffer actor of its own."""
+        return actor_class(cls, remote_config)
+
     @property
     def is_alive(self) -> bool:
         """Whether this owner has not closed its actor."""
@@ -506,3 +513,26 @@ class RayReplayBuffer(RayReplayBufferClient):
     def __reduce__(self) -> tuple:
         # A pickled owner becomes a client: only the process that built it may stop the actor.
         return self.client().__reduce__()
+
+
+def ray_service(buffer_cls: type, args: tuple, kwargs: dict[str, Any], options: dict[str, Any]) -> RayReplayBuffer:
+    """``buffer_cls(*args, service_backend="ray", service_backend_options=options, **kwargs)``:
+    the buffer built in a Ray actor (TorchRL's ``service_backend`` dispatch).
+
+    Args:
+        buffer_cls: the buffer class built in the actor.
+        args, kwargs: its constructor arguments (``transport`` and ``transport_options`` go to
+            :class:`RayReplayBuffer`).
+        options: ``ray_init_config`` and ``remote_config`` (see :class:`RayReplayBuffer`).
+
+    Raises:
+        TypeError: another option.
+    """
+    options = dict(options)
+    ray_init_config = options.pop("ray_init_config", None)
+    remote_config = options.pop("remote_config", None)
+    if options:
+        raise TypeError(f"Unexpected Ray replay-buffer service options: {sorted(options)}")
+    return RayReplayBuffer(
+        *args, replay_buffer_cls=buffer_cls, ray_init_config=ray_init_config, remote_config=remote_config, **kwargs
+    )

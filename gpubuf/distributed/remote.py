@@ -10,7 +10,7 @@ from tensordict import TensorDictBase
 from gpubuf.buffers import TensorDictReplayBuffer
 from gpubuf.distributed._ray import default_remote_config, require_ray
 
-__all__ = ["RemoteTensorDictReplayBuffer"]
+__all__ = ["RemoteTensorDictReplayBuffer", "actor_class"]
 
 
 class RemoteTensorDictReplayBuffer(TensorDictReplayBuffer):
@@ -49,16 +49,21 @@ class RemoteTensorDictReplayBuffer(TensorDictReplayBuffer):
     def update_tensordict_priority(self, data: TensorDictBase) -> None:
         return super().update_tensordict_priority(data)
 
-    @classmethod
-    def as_remote(cls, remote_config: dict[str, Any] | None = None) -> Any:
-        """The Ray actor class of this buffer (TorchRL's ``as_remote``): ``.remote(**kwargs)`` builds one.
 
-        Args:
-            remote_config: the actor's options; defaults to TorchRL's (one CPU, 2 GiB, 0.2 GPU
-                where CUDA is available).
-        """
-        ray = require_ray()
-        config = default_remote_config() if remote_config is None else remote_config
-        actor_cls = ray.remote(**{k: v for k, v in config.items() if v is not None})(cls)
-        actor_cls.is_remote = True
-        return actor_cls
+def actor_class(buffer_cls: type, remote_config: dict[str, Any] | None = None) -> Any:
+    """The Ray actor class of ``buffer_cls`` (what every buffer's ``as_remote`` returns, as TorchRL's):
+    ``.remote(**kwargs)`` builds one.
+
+    Args:
+        buffer_cls: a buffer class.
+        remote_config: the actor's options; defaults to TorchRL's (one CPU, 2 GiB, 0.2 GPU where
+            CUDA is available).
+
+    Raises:
+        ImportError: Ray is not installed.
+    """
+    ray = require_ray()
+    config = default_remote_config() if remote_config is None else remote_config
+    remote_cls = ray.remote(**{k: v for k, v in config.items() if v is not None})(buffer_cls)
+    remote_cls.is_remote = True
+    return remote_cls

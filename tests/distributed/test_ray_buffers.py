@@ -96,6 +96,41 @@ def test_four_writer_tasks_into_one_remote_buffer_lose_and_duplicate_nothing(rem
         assert torch.equal(ids[index], torch.arange(writer * ROWS, (writer + 1) * ROWS))
 
 
+def test_every_buffer_class_gives_its_ray_actor_class(ray_cluster):
+    """TorchRL's ``as_remote`` on any buffer class: a Ray actor class with ``is_remote`` set."""
+    actor_cls = TensorDictReplayBuffer.as_remote({"num_cpus": 0})
+    assert actor_cls.is_remote
+    actor = actor_cls.remote(storage=partial(LazyTensorStorage, 50), batch_size=4)
+    try:
+        index = ray.get(actor.extend.remote(rows(torch.arange(10))), timeout=DEADLOCK_GUARD_S)
+        assert index.tolist() == list(range(10))
+        batch = ray.get(actor.sample.remote(), timeout=DEADLOCK_GUARD_S)
+        assert batch.batch_size == (4,) and bool((batch["id"] < 10).all())
+    finally:
+        ray.kill(actor)
+
+
+def test_a_buffer_asked_for_as_a_ray_service_is_built_in_an_actor(ray_cluster):
+    """TorchRL's dispatch: a buffer class called with service_backend="ray" returns that buffer
+    built in a Ray actor, with the options' remote_config; other options are refused first."""
+    with pytest.raises(TypeError, match="Unexpected Ray replay-buffer service options"):
+        TensorDictReplayBuffer(storage=partial(LazyTensorStorage, 100), service_backend="ray",
+                               service_backend_options={"actor_options": {}})
+    rb = TensorDictReplayBuffer(
+        storage=partial(LazyTensorStorage, 100), batch_size=8, service_backend="ray",
+        service_backend_options={"remote_config": {"num_cpus": 0}},
+    )
+    try:
+        assert isinstance(rb, RayReplayBuffer) and rb.service_backend == "ray"
+        assert rb.replay_buffer_cls is TensorDictReplayBuffer
+        rb.extend(rows(torch.arange(20)))
+        assert len(rb) == 20
+        batch = rb.sample()
+        assert batch.batch_size == (8,) and bool((batch["obs"][:, 0] == batch["id"].float()).all())
+    finally:
+        rb.close()
+
+
 def test_remote_buffer_forwards_the_buffer_api(remote, tmp_path):
     batch, info = remote.sample(return_info=True)
     assert batch.batch_size == (64,) and torch.equal(batch["index"], info["index"])

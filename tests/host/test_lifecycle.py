@@ -101,3 +101,21 @@ def test_shutdown_waits_for_prefetched_batches_and_submitted_updates_then_stops_
             executor.submit(lambda: None)
     with pytest.raises(BufferShutDownError):
         rb.sample()
+
+
+@LIBS
+@pytest.mark.parametrize("bad", [
+    {"transport": "ray"}, {"transport_options": {"backend": "gloo"}}, {"service_backend_options": {"remote_config": {}}},
+    {"service_backend": "grpc"},
+], ids=["transport", "transport_options", "service_backend_options", "service_backend"])
+def test_a_direct_buffer_refuses_remote_options(lib, bad):
+    with pytest.raises(ValueError):
+        lib.ReplayBuffer(storage=lib.LazyTensorStorage(4), **bad)
+
+
+@LIBS
+def test_a_direct_buffer_takes_the_direct_service_arguments(lib):
+    rb = lib.TensorDictReplayBuffer(storage=lib.LazyTensorStorage(4), batch_size=2, service_backend="direct",
+                                    transport="direct", transport_options=None)
+    rb.extend(TensorDict({"obs": torch.zeros(3, 2)}, [3]))
+    assert rb.service_backend == "direct" and rb.sample().batch_size == (2,)
