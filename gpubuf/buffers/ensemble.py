@@ -12,9 +12,11 @@ from tensordict.utils import unravel_key
 from gpubuf._ensemble import member_positions
 from gpubuf.buffers.base import ReplayBuffer, _identity, _stack_anything
 from gpubuf.samplers.ensemble import SamplerEnsemble
+from gpubuf.samplers.slice import SliceSampler
 from gpubuf.storages.ensemble import StorageEnsemble
 from gpubuf.storages.list import ListStorage
 from gpubuf.writers.ensemble import WriterEnsemble
+from gpubuf.writers.round_robin import RoundRobinWriter
 from gpubuf.buffers._state_check import check_buffer_state
 from gpubuf.errors import (
     ArgumentConflictError,
@@ -208,6 +210,99 @@ class ReplayBufferEnsemble(ReplayBuffer):
             for positions, member, part in parts:
                 local[positions] = torch.as_tensor(member.extend(part)).reshape(-1).to(local.device)
         return TensorDict({"buffer_ids": buffer_ids, "index": local}, batch_size=[buffer_ids.numel()])
+
+    # ------------------------------------------------------------------ restarted producers
+    def end_streams(
+        self,
+        *,
+        end_key: Any = ("next", "done"),
+        terminated_key: Any = ("next", "terminated"),
+        truncated_key: Any = ("next", "truncated"),
+    ) -> None:
+        """Ends each member's stream at its last row, so that what producers restarted from scratch
+        append next starts a new trajectory (TorchRL's ``end_streams``).
+
+        Each member must be one chronological stream: a one-dimensional tensor storage, a
+        round-robin writer that tracks slot generations, and a slice sampler (streaming or not)
+        that reads ``end_key``; with a ``traj_key``, every stored record must carry the same id
+        (a per-stream key such as the environment's number). The last row written to each
+        non-empty member gets ``end_key`` set and, where the member stores ``truncated_key`` and
+        the row is neither done nor terminated, ``truncated_key`` too: a conditional update, so
+        write counts and slot generations do not change. Each sampler then treats the stream as
+        ended (a streaming sampler drops its unfinished window). Batches being prefetched and
+        conditional updates submitted are waited for first.
+
+        Keyword Args:
+            end_key: the stored boolean end flag, read by the samplers.
+            terminated_key: the stored terminal flag (read, never written; absent means False),
+                or None.
+            truncated_key: the stored flag set on an unfinished tail, or None for no such patch.
+
+        Raises:
+            InvalidArgumentError: the three keys are not distinct.
+            UnsupportedOptionError: a member is not one stream as described (a
+                ``RuntimeError``, as TorchRL's).
+            DTypeMismatchError: a member's end flag is not boolean.
+            Every member is checked before any row changes.
+        """
+        keys = [unravel_key(key) for key in (end_key, terminated_key, truncated_key) if key is not None]
+        if len(set(keys)) != len(keys):
+            raise InvalidArgumentError("end_key, terminated_key and truncated_key must be distinct")
+        end_key = unravel_key(end_key)
+        terminated_key = None if terminated_key is None else unravel_key(terminated_key)
+        truncated_key = None if truncated_key is None else unravel_key(truncated_key)
+        self.synchronize()
+        for member in self._rbs:
+            member.synchronize()
+        with self._lock:
+            patches = [patch for patch in (self._stream_end(m, end_key, terminated_key, truncated_key) for m in self._rbs)
+                       if patch is not None]
+            for member, index, generation, values in patches:
+                member.update_if_present(index=index, generation=generation, patch=values)
+                member.sampler._end_stream(member.storage)
+
+    @staticmethod
+    def _stream_end(member: ReplayBuffer, end_key: Any, terminated_key: Any, truncated_key: Any) -> tuple | None:
+        """``(member, index, generation, patch)`` ending ``member``'s stream at its last row, or
+        None for an empty member; raises for a member that is not one stream."""
+        storage, writer, sampler = member.storage, member.writer, member.sampler
+        if (
+            storage.ndim != 1
+            or not storage.supports_conditional_update
+            or not isinstance(writer, RoundRobinWriter)
+            or not writer.tracks_generations
+            or not isinstance(sampler, SliceSampler)
+            or end_key not in [unravel_key(key) for key in (sampler.end_keys or (sampler.end_key,))]
+        ):
+            raise UnsupportedOptionError(
+                "end_streams requires one-dimensional conditional-update storage, generation-tracking round-robin "
+                f"writers and slice samplers reading end_key={end_key!r}"
+            )
+        size = len(member)
+        if not size:
+            return None
+        if sampler.traj_key is not None:
+            stored = storage.get(torch.arange(size, device=storage.device))
+            ids = stored.get(sampler.traj_key, None) if isinstance(stored, TensorDictBase) else None
+            if ids is None or not bool((ids == ids[0]).all()):
+                raise UnsupportedOptionError(
+                    "end_streams supports trajectory-keyed slice samplers only when every record of a member carries "
+                    "the same trajectory id (a per-stream key such as the environment index): restarted producers "
+                    "may otherwise reuse old ids"
+                )
+        index = torch.tensor([(int(writer._cursor) - 1) % size], device=storage.device)
+        last = storage.get(index)
+        done = last.get(end_key)
+        if done.dtype != torch.bool:
+            raise DTypeMismatchError(f"end_streams requires a boolean {end_key!r} field, got {done.dtype}")
+        patch = {end_key: torch.ones_like(done)}
+        if truncated_key is not None and truncated_key in last.keys(True):
+            unfinished = ~done
+            terminated = None if terminated_key is None else last.get(terminated_key, None)
+            if terminated is not None:
+                unfinished = unfinished & ~terminated
+            patch[truncated_key] = last.get(truncated_key) | unfinished
+        return member, index, writer.generations_of(index), patch
 
     def _routing(self, data: Any) -> tuple[Any, torch.Tensor]:
         if not isinstance(data, TensorDictBase):

@@ -358,6 +358,19 @@ class SliceSampler(Sampler):
             raise TrajectoryKeyError(f"the storage lost its end entries {keys!r}")
         return done
 
+    def _end_stream(self, storage: Any) -> None:
+        """The stream written so far ended at its last row, whose end flag was just set in place
+        (:meth:`~gpubuf.ReplayBufferEnsemble.end_streams`): the next write starts a trajectory.
+
+        The boundaries are first brought up to date with the writes before (read as written).
+        The ended trajectory keeps its steps; only whether the next row continues it changes.
+        """
+        if self.fragmented or self._static is not None:
+            return  # trajectories come from ids and steps, or were given: no end flag to follow
+        self._sync(storage)
+        if self._source is not None and self._source[0] != "traj" and self._last is not None:
+            self._last = torch.ones_like(self._last)
+
     def _breaks(self, signal: torch.Tensor) -> torch.Tensor:
         """Where each new row starts a trajectory, from the rows' signal and the previous row's."""
         kind = self._source[0]

@@ -203,6 +203,16 @@ class StreamingSliceSampler(SliceSampler):
             self._last_traj = trajectory[-1].clone()
         self._last_was_done = bool(done[-1])
 
+    def _end_stream(self, storage: Any) -> None:
+        """As :meth:`SliceSampler._end_stream`; the writes before are cut into windows first, then
+        the unfinished window is dropped (its trajectory will not grow) and the next write starts
+        a new one."""
+        self._read_writes(storage)
+        super()._end_stream(storage)
+        self._carry = (_EMPTY, _EMPTY)
+        self._last_traj = None
+        self._last_was_done = True
+
     # ------------------------------------------------------------------ sampling
     def sample(self, storage: Any, batch_size: int) -> tuple[tuple[torch.Tensor, ...], dict]:
         """Queued windows first (at most ``num_slices``), the rest of the batch uniform slices.
