@@ -26,12 +26,12 @@ def _steps(n: int, start: int = 0, *, done_at_end: bool = False, truncated: bool
     return TensorDict(entries, [n])
 
 
-def _member(lib, capacity: int = 64, *, sampler=None, writer=None, storage=None):
+def _member(lib, capacity: int = 64, *, sampler=None, writer=None, storage=None, batch_size: int = 4 * SLICE_LEN):
     return lib.TensorDictReplayBuffer(
         storage=storage if storage is not None else lib.LazyTensorStorage(capacity),
         sampler=sampler if sampler is not None else lib.SliceSampler(slice_len=SLICE_LEN, end_key=("next", "done")),
         writer=writer if writer is not None else lib.TensorDictRoundRobinWriter(track_generations=True),
-        batch_size=4 * SLICE_LEN,
+        batch_size=batch_size,
     )
 
 
@@ -101,11 +101,12 @@ def test_a_prioritized_slice_sampler_also_sees_the_stream_end():
 
 @LIBS
 def test_a_streaming_sampler_drops_the_unfinished_window_and_starts_anew(lib):
-    member = _member(lib, sampler=lib.StreamingSliceSampler(slice_len=SLICE_LEN, end_key=("next", "done")))
+    member = _member(lib, sampler=lib.StreamingSliceSampler(slice_len=SLICE_LEN, end_key=("next", "done")),
+                     batch_size=SLICE_LEN)
     member.extend(_steps(6))  # one whole window (rows 0-3) and two rows of an unfinished one
     lib.ReplayBufferEnsemble(member, batch_size=SLICE_LEN).end_streams()
     member.extend(_steps(4, 100, done_at_end=True))  # the restart: one whole window of its own
-    fresh = [member.sample(SLICE_LEN)["obs"].flatten().tolist() for _ in range(2)]
+    fresh = [member.sample()["obs"].flatten().tolist() for _ in range(2)]
     assert fresh == [[0.0, 1.0, 2.0, 3.0], [100.0, 101.0, 102.0, 103.0]]
 
 
