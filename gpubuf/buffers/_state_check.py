@@ -26,7 +26,7 @@ from gpubuf.storages.memmap import LazyMemmapStorage
 from gpubuf.storages.packed import PackedStorage
 from gpubuf.storages.spill import SpillStorage
 from gpubuf.storages.stack import LazyStackStorage
-from gpubuf.storages.tensor import TensorStorage
+from gpubuf.storages.tensor import TensorStorage, rows_of_state
 from gpubuf.writers import RoundRobinWriter
 
 #: The keys every buffer state dict holds (``_transforms`` and ``_rng`` may be absent).
@@ -110,7 +110,7 @@ def _check_storage(buffer: Any, state: Any) -> _Rows:
     loader = type(storage).load_state_dict
     if loader in (TensorStorage.load_state_dict, LazyMemmapStorage.load_state_dict, SpillStorage.load_state_dict):
         _require_keys(state, ("_storage", "_len"), where)
-        data, length = state["_storage"], state["_len"]
+        data, length = rows_of_state(state, storage.ndim), state["_len"]
         if not _is_int(length) or int(length) < 0:
             raise StateDictError(f"{where}: _len must be an int >= 0, got {length!r}")
         length = int(length)

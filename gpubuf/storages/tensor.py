@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Mapping
 from typing import Any, Collection, Sequence
 
 import numpy as np
 import torch
+from tensordict import TensorDict, TensorDictBase, is_tensor_collection, is_tensorclass
 
 from gpubuf.errors import (
     DeviceMismatchError,
@@ -478,8 +480,10 @@ class TensorStorage(Storage):
         return self._build(list(self._leaves), [self._capacity_along_dim0], consumed=0)
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"_storage": the rows (views, no copy), "initialized": bool, "_len": int}``, as TorchRL."""
-        return {"_storage": self._storage, "initialized": self.initialized, "_len": self._len}
+        """``{"_storage": the rows (views, no copy), "initialized": bool, "_len": int}``, in
+        TorchRL's form (see :func:`state_of_rows`): TorchRL's storages load it, and these load
+        TorchRL's."""
+        return state_of_rows(self._storage, self.initialized, self._len)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Replaces the rows with a :meth:`state_dict`'s (the layout comes with them).
@@ -574,11 +578,55 @@ class LazyTensorStorage(TensorStorage):
         return super().get(indices)
 
 
+def state_of_rows(data: Any, initialized: bool, length: int) -> dict[str, Any]:
+    """A tensor storage's state dict, TorchRL's: ``_storage`` is a plain TensorDict's
+    ``state_dict()`` (flat keys, tensors sharing the rows' memory), a tensor as it is, or ``{}``
+    before the first write. Rows TorchRL cannot hold in a state dict keep their container: a
+    tensorclass as it is, a pytree as it is, marked ``"_pytree": True`` (a dict of tensors would
+    otherwise read as a TensorDict's state).
+    """
+    state: dict[str, Any] = {"_storage": data, "initialized": initialized, "_len": length}
+    if data is None:
+        state["_storage"] = {}
+    elif isinstance(data, TensorDictBase) and not is_tensorclass(data):
+        state["_storage"] = data.state_dict()
+    elif not isinstance(data, torch.Tensor) and not is_tensorclass(data):
+        state["_pytree"] = True
+    return state
+
+
+def rows_of_state(state_dict: dict[str, Any], ndim: int) -> Any:
+    """The rows a tensor storage's state dict holds (the inverse of :func:`state_of_rows`), or
+    None for none: TorchRL's form of TensorDict rows is made a TensorDict again (with ``ndim``
+    batch dims at least, where the state's own batch size was lost); a TensorDict, tensorclass,
+    tensor or marked pytree is returned as it is."""
+    data = state_dict["_storage"]
+    if not isinstance(data, Mapping) or is_tensor_collection(data) or state_dict.get("_pytree"):
+        return data
+    if not data:
+        return None
+    if any(isinstance(value, Mapping) for value in data.values()):
+        return data  # nested dicts: a pytree (a TensorDict's state has flat keys)
+    for key, value in data.items():
+        if not isinstance(value, torch.Tensor):
+            raise StateDictError(
+                f"storage state: _storage[{key!r}] is a {type(value).__name__}, expected a tensor (the state of "
+                "TensorDict rows)"
+            )
+    try:
+        rows = TensorDict().load_state_dict(data, strict=False)
+        if rows.batch_dims < ndim:
+            rows.auto_batch_size_(batch_dims=ndim)
+    except (RuntimeError, ValueError, TypeError, KeyError) as err:
+        raise StateDictError(f"storage state: _storage is not the state of TensorDict rows ({err})") from None
+    return rows
+
+
 def _check_state(state_dict: Any, ndim: int) -> tuple[Any, int]:
     """``(data, length)`` of a tensor storage's state dict, checked; raises the typed errors of
     :meth:`TensorStorage.load_state_dict`."""
     check_state_keys(state_dict, ("_storage", "_len"), "storage state")
-    data, length = state_dict["_storage"], state_dict["_len"]
+    data, length = rows_of_state(state_dict, ndim), state_dict["_len"]
     if isinstance(length, torch.Tensor) and length.ndim == 0 and not length.dtype.is_floating_point:
         length = int(length)
     if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:

@@ -900,3 +900,50 @@ def test_generations_are_tracked_on_a_memmap_storage(tmp_path):
     assert rb.writer.generations_of(index).tolist() == [1, 1, 0, 0, 1, 1]
     result = rb.update_if_present(index=torch.tensor([0, 2]), generation=torch.tensor([0, 0]), patch={"obs": torch.ones(2)})
     assert result.updated.tolist() == [False, True]
+
+
+# ---------------------------------------------------------------------- state dicts across the libraries
+def _stateful(lib, kind: str):
+    storage = lib.LazyTensorStorage(12)
+    if kind == "tensordict":
+        rb = lib.TensorDictReplayBuffer(storage=storage, batch_size=4)
+    elif kind == "without_replacement":
+        rb = lib.ReplayBuffer(storage=storage, sampler=lib.SamplerWithoutReplacement(), batch_size=4)
+    else:
+        rb = lib.ReplayBuffer(storage=storage, batch_size=4)
+    rb.extend(TensorDict({"obs": torch.arange(15.0).reshape(5, 3), ("next", "done"): torch.ones(5, 1, dtype=torch.bool)},
+                         [5]))
+    return rb
+
+
+@pytest.mark.parametrize("kind", ["plain", "tensordict", "without_replacement"])
+@pytest.mark.parametrize("direction", ["torchrl_to_gpubuf", "gpubuf_to_torchrl"])
+def test_a_tensor_storage_buffer_s_state_dict_loads_in_the_other_library(kind, direction):
+    """A tensor storage's state dict is TorchRL's (its TensorDict rows as ``state_dict()``), so
+    ``load_state_dict`` takes a state of either library and gives the same rows, as TensorDicts."""
+    source_lib, target_lib = (torchrl_data, gpubuf) if direction == "torchrl_to_gpubuf" else (gpubuf, torchrl_data)
+    source = _stateful(source_lib, kind)
+    target = _stateful(target_lib, kind)
+    target.empty()
+    target.load_state_dict(source.state_dict())
+    assert (len(target), target.write_count) == (len(source), source.write_count) == (5, 5)
+    rows, want = target[:], source[:]
+    assert isinstance(rows, TensorDict) and rows.batch_size == want.batch_size
+    for key in want.keys(True, True):
+        assert torch.equal(rows[key], want[key]), key
+    assert target.sample().batch_size == (4,)
+
+
+def test_state_dicts_of_other_containers_keep_their_container():
+    """Rows TorchRL cannot hold in a state dict keep their container through gpubuf's own round trip."""
+    data = {"obs": torch.arange(6.0).reshape(3, 2), "nested": {"reward": torch.ones(3)}}
+    for rows in (data, {"obs": torch.arange(6.0).reshape(3, 2)}):  # a flat dict too: marked, not read as a TensorDict
+        rb = gpubuf.ReplayBuffer(storage=gpubuf.LazyTensorStorage(4))
+        rb.extend(rows)
+        state = rb.state_dict()
+        assert state["_storage"]["_pytree"] is True
+        other = gpubuf.ReplayBuffer(storage=gpubuf.LazyTensorStorage(4))
+        other.load_state_dict(state)
+        assert type(other[:]) is dict and torch.equal(other[:]["obs"], rb[:]["obs"])
+    empty = gpubuf.ReplayBuffer(storage=gpubuf.LazyTensorStorage(4)).state_dict()["_storage"]
+    assert empty["_storage"] == {} and empty["_len"] == 0
