@@ -231,7 +231,8 @@ def _check_sampler(sampler: Any, state: Any, storage: Any, rows: _Rows) -> None:
     sampler._check_state_dict(state)
     if not isinstance(sampler, PrioritizedSampler):
         return
-    leaves = state["_tree"]["leaves"]
+    tree = state["_tree"] if "_tree" in state else sampler._from_torchrl_state(state)["_tree"]
+    leaves = tree["leaves"]
     if rows.length is not None and storage.ndim == 1 and leaves.device.type == "cpu":
         if bool((leaves[rows.length :] > 0).any()):
             raise StateDictError(

@@ -632,6 +632,8 @@ class PrioritizedSampler(Sampler):
         where = "sampler state"
         if not isinstance(state_dict, dict):
             raise StateDictError(f"{where}: expected a dict, got {type(state_dict).__name__}")
+        if "_tree" not in state_dict and "_sum_tree" in state_dict:
+            state_dict = self._from_torchrl_state(state_dict)
         for key in ("_alpha", "_beta", "_eps", "_max_capacity", "_max_priority", "_tree"):
             if key not in state_dict:
                 raise StateDictKeyError(f"{where}: missing key {key!r} (expected the keys of PrioritizedSampler.state_dict())")
@@ -691,6 +693,32 @@ class PrioritizedSampler(Sampler):
                 raise StateDictError(f"{where}: _max_priority_index must be None or an index below the capacity, got {index!r}")
             index = int(index)
         return alpha, beta, eps, tree_state, value, index
+
+    def _from_torchrl_state(self, state_dict: dict) -> dict:
+        """TorchRL's ``PrioritizedSampler.state_dict()`` (its compiled segment trees) in this
+        sampler's form, for :meth:`_check_state` to check: the leaves are read from TorchRL's sum
+        tree (they hold the same ``(p + eps) ** alpha``), ``_max_priority`` is its
+        ``(value, index)`` pair (the raw priority, TorchRL's schema 1)."""
+        where = "sampler state"
+        tree = state_dict["_sum_tree"]
+        size = getattr(tree, "size", None)
+        if not callable(getattr(tree, "query", None)) or isinstance(size, bool) or not isinstance(size, int):
+            raise StateDictError(f"{where}: _sum_tree is a {type(tree).__name__}, expected TorchRL's sum segment tree")
+        try:
+            leaves = torch.as_tensor(tree[torch.arange(size)]).reshape(size).to(self.dtype)
+        except (TypeError, ValueError, RuntimeError, IndexError) as err:
+            raise StateDictError(f"{where}: the leaves of TorchRL's sum tree cannot be read: {err}") from None
+        pair = state_dict.get("_max_priority", (None, None))
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise StateDictError(f"{where}: TorchRL's _max_priority must be a (value, index) pair, got {pair!r:.80}")
+        return {
+            **{key: state_dict.get(key) for key in ("_alpha", "_beta", "_eps")},
+            "_max_capacity": size,
+            "_max_priority": pair[0],
+            "_max_priority_index": pair[1],
+            "_tree": {"capacity": size, "fanout": self._tree.fanout, "dtype": str(self.dtype).removeprefix("torch."),
+                      "leaves": leaves},
+        }
 
     def __repr__(self) -> str:
         return (

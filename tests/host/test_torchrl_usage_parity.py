@@ -947,3 +947,43 @@ def test_state_dicts_of_other_containers_keep_their_container():
         assert type(other[:]) is dict and torch.equal(other[:]["obs"], rb[:]["obs"])
     empty = gpubuf.ReplayBuffer(storage=gpubuf.LazyTensorStorage(4)).state_dict()["_storage"]
     assert empty["_storage"] == {} and empty["_len"] == 0
+
+
+def test_a_torchrl_prioritized_buffer_state_loads_with_its_priorities():
+    """TorchRL's prioritized sampler state holds its compiled segment trees: gpubuf reads the leaves
+    out of them (the same ``(p + eps) ** alpha``) and the running maximum, and draws by them."""
+    def filled(lib):
+        rb = lib.PrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=lib.LazyTensorStorage(8), batch_size=64)
+        rb.extend(torch.arange(5.0))
+        rb.update_priority(torch.arange(5), torch.tensor([1.0, 2.0, 0.5, 4.0, 3.0]))
+        return rb
+
+    try:
+        theirs = filled(torchrl_data)
+    except RuntimeError as err:
+        if "SegmentTree" not in str(err):
+            raise
+        pytest.skip(f"TorchRL's compiled segment trees do not load here: {str(err)[:100]}")
+    ours = gpubuf.PrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=gpubuf.LazyTensorStorage(8), batch_size=64)
+    ours.load_state_dict(theirs.state_dict())
+    want = theirs.sampler._sum_tree[torch.arange(8)]
+    assert torch.equal(ours.sampler.tree.values(), want)
+    assert torch.equal(ours.sampler.tree.values(), filled(gpubuf).sampler.tree.values())
+    assert float(ours.sampler._max_priority[0]) == 4.0 and int(ours.sampler._max_priority[1]) == 3
+    batch, info = ours.sample(return_info=True)
+    expected = (want[info["index"]].double() / want[:5].min()) ** -0.5
+    torch.testing.assert_close(info["priority_weight"].double(), expected, rtol=1e-5, atol=0)
+    ours.extend(torch.arange(2.0))  # new items take the loaded maximum
+    assert torch.equal(ours.sampler.tree.values()[5:7], torch.full((2,), (4.0 + 1e-8) ** 0.7).float())
+
+
+def test_a_malformed_torchrl_prioritized_state_changes_nothing():
+    rb = gpubuf.PrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=gpubuf.LazyTensorStorage(8))
+    rb.extend(torch.arange(5.0))
+    state = rb.state_dict()
+    before = rb.sampler.tree.values().clone()
+    sampler_state = {k: v for k, v in state["_sampler"].items() if k != "_tree"}
+    for bad in ({**sampler_state, "_sum_tree": "a tree"}, {**sampler_state, "_sum_tree": [1.0] * 8}):
+        with pytest.raises(gpubuf.errors.StateDictError):
+            rb.load_state_dict({**state, "_sampler": bad})
+        assert torch.equal(rb.sampler.tree.values(), before)
