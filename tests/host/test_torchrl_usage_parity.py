@@ -20,19 +20,21 @@ LIBS = pytest.mark.parametrize("lib", [torchrl_data, gpubuf], ids=["torchrl", "g
 
 
 def both(fn):
-    """Runs ``fn(lib)`` for TorchRL and gpubuf and returns both results.
+    """Runs ``fn(lib)`` for TorchRL and gpubuf and returns both results (see :func:`on_torchrl`)."""
+    return on_torchrl(fn), fn(gpubuf)
 
-    TorchRL's prioritized samplers need its compiled segment trees, which load only when built for
-    the installed torch (the test command builds them: ``scripts/build_torchrl_extension.py``);
-    where they are missing there is nothing to compare against, and the test says so.
-    """
+
+def on_torchrl(fn):
+    """``fn(torchrl.data)``. TorchRL's prioritized samplers need its compiled segment trees, which
+    load only when built for the installed torch (the test command builds them:
+    ``scripts/build_torchrl_extension.py``); where they are missing there is nothing to compare
+    against, and the test says so."""
     try:
-        theirs = fn(torchrl_data)
+        return fn(torchrl_data)
     except RuntimeError as err:
         if "SegmentTree" not in str(err):
             raise
         pytest.skip(f"TorchRL's compiled segment trees do not load here: {str(err)[:100]}")
-    return theirs, fn(gpubuf)
 
 
 def assert_same(a, b):
@@ -958,12 +960,7 @@ def test_a_torchrl_prioritized_buffer_state_loads_with_its_priorities():
         rb.update_priority(torch.arange(5), torch.tensor([1.0, 2.0, 0.5, 4.0, 3.0]))
         return rb
 
-    try:
-        theirs = filled(torchrl_data)
-    except RuntimeError as err:
-        if "SegmentTree" not in str(err):
-            raise
-        pytest.skip(f"TorchRL's compiled segment trees do not load here: {str(err)[:100]}")
+    theirs = on_torchrl(filled)
     ours = gpubuf.PrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=gpubuf.LazyTensorStorage(8), batch_size=64)
     ours.load_state_dict(theirs.state_dict())
     want = theirs.sampler._sum_tree[torch.arange(8)]
