@@ -2,7 +2,7 @@
 
 from gpubuf.storages.base import Storage
 from gpubuf.storages.list import ListStorage
-from gpubuf.storages.memmap import LazyMemmapStorage
+from gpubuf.storages.memmap import LazyMemmapStorage, SharedInitTensorStorage
 from gpubuf.storages.codec_storage import CompressedTensorStorage
 from gpubuf.storages.compressed import CompressedListStorage
 from gpubuf.storages.ensemble import StorageEnsemble
@@ -12,6 +12,10 @@ from gpubuf.storages.spill import SpillStorage
 from gpubuf.storages.stack import LazyStackStorage
 from gpubuf.storages.store import StoreStorage
 from gpubuf.storages.tensor import LazyTensorStorage, TensorStorage
+
+# The memory-mapped storages import the tensor ones: the package, above both, tells
+# LazyTensorStorage what its shared_init=True builds.
+LazyTensorStorage._shared_init_class = SharedInitTensorStorage
 
 __all__ = [
     "Storage",

@@ -54,6 +54,7 @@ from gpubuf.storages.items import is_int, leading_size, stack_items
 from gpubuf.storages.tensor import LazyTensorStorage, _check_state, _unaliased
 
 __all__ = [
+    "SharedInitTensorStorage",
     "LazyMemmapStorage",
     "MemmapStorageError",
     "ScratchDirError",
@@ -961,3 +962,34 @@ def _relocate(out: Any, layout: Layout, device: torch.device) -> Any:
         leaves = [td.get(key).to(device) for key in layout.keys]
         return layout.build(leaves, td.batch_size, device)
     return pytree.tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, out)
+
+
+class SharedInitTensorStorage(LazyMemmapStorage):
+    """What ``LazyTensorStorage(max_size, shared_init=True)`` builds: TorchRL keeps such rows in a
+    memory-mapped TensorDict in a temporary directory that the first process to write creates and
+    the others load; here they are a :class:`LazyMemmapStorage` with ``shared_init=True`` in a
+    new temporary directory (``/dev/shm`` when the capacity fits in half the free memory), which
+    workers receive with the storage (pickled, forked or spawned).
+
+    Args:
+        max_size, device, ndim, compilable, consolidated: as :class:`LazyTensorStorage`.
+        shared_init: always True here.
+        cleanup_memmap: remove the files when the process that created them exits (the
+            ``auto_cleanup`` of :class:`LazyMemmapStorage`).
+    """
+
+    def __init__(
+        self,
+        max_size: int,
+        *,
+        device: torch.device | str | None = "cpu",
+        ndim: int = 1,
+        compilable: bool = False,
+        consolidated: bool = False,
+        shared_init: bool = True,
+        cleanup_memmap: bool = True,
+    ) -> None:
+        super().__init__(max_size, device=device, ndim=ndim, compilable=compilable, shared_init=True,
+                         auto_cleanup=cleanup_memmap)
+        self.consolidated = consolidated
+        self.cleanup_memmap = cleanup_memmap

@@ -529,6 +529,13 @@ class LazyTensorStorage(TensorStorage):
         compilable: accepted for TorchRL compatibility.
         consolidated: accepted for TorchRL compatibility; gpubuf always keeps one contiguous
             tensor per leaf, which is what consolidation buys in TorchRL.
+        shared_init: rows that several processes initialise and write together: as TorchRL
+            keeps them in a memory-mapped TensorDict in a temporary directory, the constructor
+            then returns a :class:`~gpubuf.storages.memmap.SharedInitTensorStorage` (a
+            ``LazyTensorStorage`` whose rows are a shared :class:`~gpubuf.LazyMemmapStorage`'s),
+            which the workers receive with the buffer.
+        cleanup_memmap: with ``shared_init``, remove the temporary files when the process
+            that created them exits (default True).
 
     Raises:
         CapacityError: ``max_size`` is not a positive int below ``2**63``, or exceeds the bytes of
@@ -547,6 +554,15 @@ class LazyTensorStorage(TensorStorage):
 
     #: Whether the rows live in the device's memory (not in files): its capacity must fit there.
     _rows_in_memory = True
+    #: What ``LazyTensorStorage(..., shared_init=True)`` builds: installed by :mod:`gpubuf.storages`
+    #: (the memory-mapped storages import this module).
+    _shared_init_class: type | None = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "LazyTensorStorage":
+        if cls is LazyTensorStorage and kwargs.get("shared_init"):
+            # Python then runs that class's __init__ with these arguments.
+            return super().__new__(cls._shared_init_class)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -560,14 +576,9 @@ class LazyTensorStorage(TensorStorage):
         cleanup_memmap: bool = True,
     ) -> None:
         check_max_size(max_size)
-        if shared_init and type(self) is LazyTensorStorage:
-            raise NotImplementedError(
-                "LazyTensorStorage(shared_init=True) is not supported: use LazyMemmapStorage(shared_init=True), whose "
-                "files several processes construct and attach to safely"
-            )
         super().__init__(None, max_size, device=device, ndim=ndim, compilable=compilable)
         self.consolidated = consolidated
-        self.shared_init = False  # (refused above; LazyMemmapStorage sets its own)
+        self.shared_init = False  # (a shared storage is another class: see __new__)
         self.cleanup_memmap = cleanup_memmap
         if self._rows_in_memory and isinstance(self.device, torch.device):
             # Rows held in memory: a capacity beyond the device's bytes cannot work for any item.

@@ -281,6 +281,24 @@ def test_shared_init_storage_built_by_the_parent_spawn():
     assert storage.cleanup() is True and not os.path.exists(directory)
 
 
+@pytest.mark.parametrize("context", [FORK, SPAWN], ids=["fork", "spawn"])
+def test_a_lazy_tensor_storage_with_shared_init_is_written_by_its_workers(context):
+    """TorchRL's LazyTensorStorage(shared_init=True): built empty in the parent, handed to workers
+    with the buffer, initialised by the first of them to write; every row of every worker lands."""
+    rb = gpubuf.TensorDictReplayBuffer(storage=gpubuf.LazyTensorStorage(1_000, shared_init=True), batch_size=8)
+    assert not rb.storage.initialized
+    procs = [context.Process(target=_storage_worker, args=(rb.storage, w, 100, 25)) for w in range(3)]
+    for p in procs:
+        p.start()
+    _join(procs)
+    assert len(rb) == 300 and rb.write_count == 300
+    data = rb[:]
+    assert sorted(zip(data["wid"].tolist(), data["seq"].tolist())) == [(w, i) for w in range(3) for i in range(100)]
+    assert rb.sample().batch_size == (8,)
+    directory = rb.storage.scratch_dir
+    assert rb.storage.cleanup() is True and not os.path.exists(directory)
+
+
 # ------------------------------------------------------------------------------ shared priorities
 def test_shared_prioritized_sampler_fork():
     workers, n, capacity = 4, 2_000, 10_000

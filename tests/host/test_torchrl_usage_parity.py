@@ -384,8 +384,10 @@ def test_storage_flags_and_checkpointer_argument():
     storage = gpubuf.LazyTensorStorage(4)
     storage.set(range(3), torch.arange(3) * 10)
     assert storage.get(indices=torch.tensor([2, 0])).tolist() == [20, 0]
-    with pytest.raises(NotImplementedError, match="LazyMemmapStorage"):
-        gpubuf.LazyTensorStorage(4, shared_init=True)
+    shared = gpubuf.LazyTensorStorage(4, shared_init=True, cleanup_memmap=True)
+    assert isinstance(shared, gpubuf.LazyTensorStorage) and isinstance(shared, gpubuf.LazyMemmapStorage)
+    assert shared.shared_init and shared.cleanup_memmap and not gpubuf.LazyTensorStorage(4).shared_init
+    shared.cleanup()
 
 
 def test_sampler_ensemble_sampleable_weights():
