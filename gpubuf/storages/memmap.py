@@ -979,17 +979,10 @@ class SharedInitTensorStorage(LazyMemmapStorage):
     """
 
     def __init__(
-        self,
-        max_size: int,
-        *,
-        device: torch.device | str | None = "cpu",
-        ndim: int = 1,
-        compilable: bool = False,
-        consolidated: bool = False,
-        shared_init: bool = True,
-        cleanup_memmap: bool = True,
+        self, max_size: int, *, consolidated: bool = False, shared_init: bool = True, cleanup_memmap: bool = True,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(max_size, device=device, ndim=ndim, compilable=compilable, shared_init=True,
-                         auto_cleanup=cleanup_memmap)
+        # (device, ndim and compilable go on as they are.)
+        super().__init__(max_size, shared_init=True, auto_cleanup=cleanup_memmap, **kwargs)
         self.consolidated = consolidated
         self.cleanup_memmap = cleanup_memmap
