@@ -309,6 +309,8 @@ class BufferExtras:
     #: ``actor_class(buffer_cls, remote_config)``: installed by the package from
     #: :mod:`gpubuf.distributed.remote` (buffers never import the distributed code).
     _actor_class: Any = None
+    #: Set by :meth:`shutdown` (a class default: a delayed buffer is not built to read it).
+    _shut_down = False
 
     @classmethod
     def as_remote(cls, remote_config: dict[str, Any] | None = None) -> Any:
@@ -332,7 +334,7 @@ class BufferExtras:
     @property
     def is_alive(self) -> bool:
         """Whether :meth:`shutdown` has not been called."""
-        return not self.__dict__.get("_shut_down", False)
+        return not self._shut_down
 
     def start(self) -> "BufferExtras":
         """Returns the buffer, which serves from its construction on (TorchRL's lifecycle API).
@@ -361,9 +363,9 @@ class BufferExtras:
             The first error of a prefetched read or a submitted update, once both threads are stopped.
         """
         del timeout
-        if self.__dict__.get("_shut_down"):
+        if self._shut_down:
             return
-        self.__dict__["_shut_down"] = True
+        self._shut_down = True
         error = None
         try:
             self.synchronize()
@@ -534,7 +536,7 @@ class BufferExtras:
         Raises:
             BufferShutDownError: the buffer was shut down.
         """
-        if self.__dict__.get("_shut_down"):
+        if self._shut_down:
             raise BufferShutDownError("a shut down replay buffer cannot accept updates: build a new one")
         executor = self.__dict__.get("_update_executor")
         if executor is None:

@@ -188,9 +188,8 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         transport: str = "auto",
         transport_options: dict[str, Any] | None = None,
     ) -> None:
-        # (A buffer asked for as a Ray service never gets here: see DelayedInitMeta.)
-        if service_backend != "direct" or service_backend_options:
-            raise ValueError("a buffer built in this process has service_backend='direct' and no service_backend_options")
+        # Checked and dispatched by DelayedInitMeta before this runs: here they are "direct" and None.
+        del service_backend, service_backend_options
         if transport not in ("auto", "direct"):
             raise ValueError(f"A direct ReplayBuffer only supports transport='auto' or 'direct', got {transport!r}")
         if transport_options:
@@ -691,7 +690,7 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
             EmptyBufferError: the buffer holds no item.
             BufferShutDownError: :meth:`shutdown` was called.
         """
-        if self.__dict__.get("_shut_down"):
+        if self._shut_down:
             raise BufferShutDownError("a shut down replay buffer cannot be sampled: build a new one")
         batch_size = self._resolve_batch_size(batch_size)
         if not self._prefetch_cap:
