@@ -140,3 +140,18 @@ def test_a_trajectory_keyed_member_needs_one_id_per_stream(lib):
     with pytest.raises(RuntimeError, match="same trajectory id"):
         lib.ReplayBufferEnsemble(mixed, batch_size=SLICE_LEN).end_streams()
     assert not bool(mixed[:]["next", "done"].any())
+
+
+@LIBS
+def test_an_end_flag_that_is_not_boolean_is_refused_before_any_member_changes(lib):
+    good = _member(lib)
+    good.extend(_steps(3))
+    bad = _member(lib)
+    data = _steps(3)
+    data["next", "done"] = data["next", "done"].to(torch.uint8)
+    bad.extend(data)
+    with pytest.raises(TypeError):
+        lib.ReplayBufferEnsemble(good, bad, batch_size=SLICE_LEN).end_streams()
+    assert good[:]["next", "done"].flatten().tolist() == [False] * 3
+    assert bad[:]["next", "done"].flatten().tolist() == [0, 0, 0]
+    assert good.write_count == bad.write_count == 3

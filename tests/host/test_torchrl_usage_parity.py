@@ -986,3 +986,18 @@ def test_a_malformed_torchrl_prioritized_state_changes_nothing():
         with pytest.raises(gpubuf.errors.StateDictError):
             rb.load_state_dict({**state, "_sampler": bad})
         assert torch.equal(rb.sampler.tree.values(), before)
+
+
+@pytest.mark.parametrize("bad", ["not a tensor", torch.ones(3)], ids=["non_tensor", "wrong_rows"])
+def test_a_malformed_tensordict_storage_state_is_refused_and_changes_nothing(bad):
+    """TorchRL's form of TensorDict rows is made a TensorDict again: a value that is not a tensor,
+    or a tensor whose rows do not match the others', raises StateDictError before the buffer changes."""
+    rb = _stateful(gpubuf, "tensordict")
+    state = rb.state_dict()
+    before = rb[:].clone()
+    rows = dict(state["_storage"]["_storage"])
+    rows["obs"] = bad
+    with pytest.raises(gpubuf.errors.StateDictError):
+        rb.load_state_dict({**state, "_storage": {**state["_storage"], "_storage": rows}})
+    assert (len(rb), rb.write_count) == (5, 5)
+    assert (rb[:] == before).all()
