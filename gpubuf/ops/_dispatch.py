@@ -38,6 +38,7 @@ BACKENDS = ("auto", "torch", "triton", "numba")
 #: a row for a device runs its twin there.
 KERNELS: dict[tuple[str, str], str] = {
     ("gather_rows", "cuda"): "gather:gather_rows_triton",
+    ("gather_rows", "cpu"): "cpu.rows:gather_rows",
     ("write_rows", "cuda"): "write_rows:write_rows_triton",
     ("gather_packed", "cuda"): "gather_packed:gather_packed_triton",
     ("gather_packed", "cpu"): "cpu.gather_packed:copy_rows",

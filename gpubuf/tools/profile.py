@@ -348,7 +348,13 @@ def _summarize(averages: Any, steps: int, label: str, *, cuda: bool) -> tuple[li
                 rows.append(OpRow(event.key, "range", event.count / steps, self_host, 0.0))
             continue
         if getattr(event, "is_user_annotation", False):
-            continue  # other ranges (ProfilerStep, user annotations) would double count
+            if cuda or not event.key.startswith("gpubuf::"):
+                continue  # other ranges (ProfilerStep, user annotations) would double count
+            # A compiled CPU kernel's range (it runs no aten op): its self time is device time,
+            # as an aten op's is on the CPU.
+            rows.append(OpRow(event.key, "kernel", event.count / steps, self_host, self_host))
+            device_us += self_host
+            continue
         if is_kernel:
             kind = "kernel"
             device_us += self_device

@@ -9,6 +9,7 @@ from gpubuf.errors import BackendUnavailableError
 from gpubuf.ops import _dispatch
 from gpubuf.ops._dispatch import KERNELS, check_backend, device_path, implementation, resolve, resolve_backend
 from gpubuf.ops.gather_rows import gather_rows
+from gpubuf.ops.write_rows import write_rows
 from gpubuf.ops.sumtree import SumTree, sumtree_sample, sumtree_update
 
 pytest.importorskip("numba")
@@ -106,21 +107,23 @@ def test_every_kernel_of_the_table_imports():
 @pytest.mark.interpreter
 def test_the_table_decides_auto_and_explicit_choices():
     cpu = torch.zeros(1)
-    assert resolve("gather_rows", cpu, "auto") == "torch"  # no compiled CPU gather: index_select
+    assert resolve("gather_rows", cpu, "auto") == "numba"
     assert resolve("gather_rows", cpu, "triton") == "triton"  # the interpreter is on in the tests
+    assert resolve("write_rows", cpu, "auto") == "torch"  # no compiled CPU ring write: slice copies
     assert resolve("encode_rows", cpu, "auto") == "numba"
     assert resolve("no_such_op", cpu, "auto") == "torch"
 
 
 def test_an_op_without_a_cpu_kernel_refuses_the_numba_backend():
-    """The row gather has no compiled CPU kernel (``index_select`` is the CPU gather): asking for
-    one is a typed error, not a silent fallback."""
-    sources = [torch.arange(30).view(10, 3), torch.arange(10.0)]
-    index = torch.tensor([9, 0, 4, 4])
+    """The ring write has no compiled CPU kernel (slice copies are the CPU write): asking for
+    one is a typed error, not a silent fallback, and nothing is written."""
+    dests = [torch.zeros(10, 3), torch.zeros(10)]
+    sources = [torch.ones(4, 3), torch.ones(4)]
     with pytest.raises(BackendUnavailableError, match="no CPU kernel"):
-        gather_rows(sources, index, backend="numba")
-    got = gather_rows(sources, index)
-    assert all(torch.equal(g, s[index]) for g, s in zip(got, sources))
+        write_rows(dests, sources, 8, backend="numba")
+    assert all(not bool(d.any()) for d in dests)
+    write_rows(dests, sources, 8)
+    assert all(int(d.count_nonzero()) == s.numel() for d, s in zip(dests, sources))
 
 
 @pytest.mark.interpreter

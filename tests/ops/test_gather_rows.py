@@ -217,3 +217,91 @@ def test_large_cpu_batch_out_of_range_raises_before_writing(gen, monkeypatch):
     with pytest.raises(IndexOutOfRangeError):
         gather_rows([src], index, outs)
     assert bool((outs[0] == 0).all())
+
+
+# ------------------------------------------------------------------------------ the compiled CPU gather
+def _module():
+    import sys
+
+    return sys.modules["gpubuf.ops.gather_rows"]
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32], ids=str)
+def test_compiled_gather_copies_every_dtype_and_width(gen, index_dtype):
+    """The kernel itself (not a fallback): every dtype, 1-D fields, bytes, empty trailing dims and
+    wide rows; duplicates and both ends; into fresh outputs and into given ones."""
+    pytest.importorskip("numba")
+    n_rows = 500
+    sources = [_source(n_rows, trail, dtype, gen) for dtype in DTYPES for trail in ((), (3,))]
+    sources += [_source(n_rows, (2, 0), torch.float32, gen), _source(n_rows, (70, 3), torch.uint8, gen)]
+    index = torch.randint(0, n_rows, (97,), generator=gen).to(index_dtype)
+    index[:3] = torch.tensor([0, n_rows - 1, 0])
+    want = _brute_force(sources, index)
+    got = _module()._gather_compiled(sources, index, None)
+    assert got is not None and all(g.is_contiguous() and torch.equal(g, w) for g, w in zip(got, want))
+    outs = [torch.full_like(w, 1) for w in want]
+    got = _module()._gather_compiled(sources, index, outs)
+    assert got is not None and all(g is o and torch.equal(o, w) for g, o, w in zip(got, outs, want))
+    empty = _module()._gather_compiled(sources, index[:0], None)
+    assert empty is not None and [e.shape for e in empty] == [(0, *s.shape[1:]) for s in sources]
+
+
+def test_compiled_gather_reads_memory_mapped_rows(gen, tmp_path):
+    pytest.importorskip("numba")
+    import numpy as np
+
+    rows = np.memmap(tmp_path / "rows", dtype=np.float32, mode="w+", shape=(300, 5))
+    rows[:] = np.arange(1500, dtype=np.float32).reshape(300, 5)
+    source = torch.from_numpy(rows)
+    index = torch.tensor([299, 0, 150, 150])
+    got = _module()._gather_compiled([source], index, None)
+    assert got is not None and torch.equal(got[0], source[index])
+
+
+def test_compiled_gather_declines_what_it_cannot_copy_and_writes_nothing(gen):
+    """Non-contiguous rows, or an index outside [0, N): None, outputs untouched; the public op
+    then runs the twin, with its result or its error. A strided index is copied, then gathered."""
+    pytest.importorskip("numba")
+    base = _source(20, (4,), torch.float32, gen)
+    index = torch.tensor([3, 9, 0])
+    assert _module()._gather_compiled([base[:, ::2]], index, None) is None
+    strided = _module()._gather_compiled([base], torch.tensor([3, 0, 9, 0, 0, 0])[::2], None)
+    assert strided is not None and torch.equal(strided[0], base[index])
+    for bad in (20, -1):
+        outs = [torch.zeros(3, 4)]
+        assert _module()._gather_compiled([base], torch.tensor([3, bad, 0]), outs) is None
+        assert not bool(outs[0].any())
+    got = gather_rows([base[:, ::2]], index)
+    assert torch.equal(got[0], base[:, ::2][index])
+
+
+@pytest.mark.parametrize("bad", [7, -1])
+def test_trusted_gather_out_of_range_raises_an_index_error_not_a_crash(src, bad):
+    """The sample path's entry trusts its callers; an index out of range still never reaches the
+    kernel's raw copies: index_select's IndexError, as before the kernel."""
+    with pytest.raises(IndexError):
+        _module().gather_rows_trusted([src], torch.tensor([0, bad]))
+
+
+def test_cpu_auto_takes_the_kernel_and_torch_takes_the_twin(gen, monkeypatch):
+    pytest.importorskip("numba")
+    module = _module()
+    calls = []
+    compiled = module._gather_compiled
+
+    def spy(*args):
+        result = compiled(*args)
+        calls.append(result is not None)
+        return result
+
+    monkeypatch.setattr(module, "_gather_compiled", spy)
+    sources = [_source(50, (3,), torch.float32, gen), _source(50, (), torch.bool, gen)]
+    index = torch.tensor([49, 2, 2])
+    for got in (module.gather_rows_trusted(sources, index), gather_rows(sources, index)):
+        assert all(torch.equal(g, s[index]) for g, s in zip(got, sources))
+    assert calls == [True, True]
+    module.gather_rows_trusted(sources, index, backend="torch")
+    gather_rows(sources, index, backend="torch")
+    monkeypatch.setenv("GPUBUF_NUMBA", "0")
+    module.gather_rows_trusted(sources, index)
+    assert calls == [True, True]
