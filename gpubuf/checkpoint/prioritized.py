@@ -119,7 +119,9 @@ class PrioritizedSamplerCodec(Codec):
             tree.leaves.copy_(leaves)
             tree.sums.copy_(sums)
             tree.mins.copy_(mins)
-        tree = tree.to(device)
+        # Read in the geometry it was saved in, kept in the sampler's (where it is read decides
+        # the fanout, see gpubuf.ops.sumtree.fanout_for): the same leaves, the nodes rebuilt.
+        tree = tree.with_fanout(sampler._tree.fanout).to(device)
         value = _number(state, "max_priority", where, nullable=True) if "max_priority" in state else None
         index = require_int(state, "max_priority_index", where, nullable=True) if "max_priority_index" in state else None
         if not _transform_fits(1.0 if value is None else value, alpha, eps, dtype):

@@ -97,9 +97,17 @@ __all__ = [
     "sumtree_update",
     "sumtree_update_ref",
     "transform_priority",
+    "fanout_for",
 ]
 
+#: Children per node of a tree read on the device: a row is one warp's 32 lanes, scanned at once.
 DEFAULT_FANOUT = 32
+#: Children per node of a tree read on the host. There a row's prefix sum is a chain of dependent
+#: float64 additions (left to right, the twin's order, so the compiled kernels match it bit for
+#: bit): 16 children and one more level cost less per draw and per update than 32. (Measured side
+#: by side on 1M leaves, prioritized cycles of 256: update 0.8 times the time, draw 0.95, the
+#: cycle 0.93; at 65,536, update 0.87 and draw 0.93.)
+HOST_FANOUT = 16
 _LEAF_DTYPES = (torch.float32, torch.float64)
 _INDEX_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
@@ -313,15 +321,26 @@ class SumTree:
         }
 
     @classmethod
-    def from_state_dict(cls, state: dict[str, Any], device: torch.device | str | None = None) -> SumTree:
-        """Rebuilds a tree saved by :meth:`state_dict` on ``device``."""
+    def from_state_dict(
+        cls, state: dict[str, Any], device: torch.device | str | None = None, fanout: int | None = None
+    ) -> SumTree:
+        """Rebuilds a tree saved by :meth:`state_dict` on ``device``, with the saved fanout or
+        ``fanout`` (the leaves are all a state holds: any fanout rebuilds the same values)."""
         tree = cls(
             int(state["capacity"]),
             dtype=getattr(torch, state["dtype"]),
             device=device,
-            fanout=int(state["fanout"]),
+            fanout=int(state["fanout"]) if fanout is None else fanout,
         )
         return tree.fill_(state["leaves"])
+
+    def with_fanout(self, fanout: int) -> SumTree:
+        """The same leaves in a tree of ``fanout`` children per node (``self`` when it has that
+        fanout already); ``O(capacity)``, on the tree's device."""
+        if fanout == self.fanout:
+            return self
+        tree = SumTree(self.capacity, dtype=self.dtype, device=self.device, fanout=fanout)
+        return tree.fill_(self.values(), validate=False)
 
     def __repr__(self) -> str:
         return (
@@ -346,48 +365,19 @@ class _Arrays:
 
 
 # -------------------------------------------------------------------- shared torch helpers
+def fanout_for(device: torch.device, backend: str = "auto") -> int:
+    """The fanout of a tree read where ``device`` is, under the ops' ``backend``: the device
+    path's (:data:`DEFAULT_FANOUT`; CUDA, or the forced path of ``"triton"``) or the host's
+    (:data:`HOST_FANOUT`)."""
+    return DEFAULT_FANOUT if device.type == "cuda" or backend == "triton" else HOST_FANOUT
+
+
 def transform_priority(priority: torch.Tensor, alpha: float, eps: float, dtype: torch.dtype) -> torch.Tensor:
     """``(priority + eps) ** alpha`` computed in ``float64`` and cast to the leaf ``dtype``."""
     return torch.pow(priority.to(torch.float64) + eps, alpha).to(dtype)
 
 
-#: ATen runs an elementwise op over fewer elements than its grain size (32,768) on the calling
-#: thread; :func:`_transform_serial` stays below it.
-_SERIAL_ELEMENTS = 16_384
-
 _NUMPY_LEAF_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
-
-
-def _transform_serial(priority: np.ndarray, alpha: float, eps: float, dtype: torch.dtype) -> np.ndarray:
-    """:func:`transform_priority` of the NumPy view of a CPU tensor of a real dtype, on the calling
-    thread; the same bits, as a new NumPy array in the leaf ``dtype``.
-
-    The widening, ``+ eps`` and the cast to the leaf dtype are exact or correctly rounded IEEE
-    steps, done in NumPy (a fraction of a microsecond each for a batch, against about one for a
-    torch op); the power stays torch's (its vectorized ``pow`` is not the C library's), in place
-    on the float64 copy, in slices that torch runs on the calling thread. NumPy in and out: the
-    compiled update takes arrays, and each ``Tensor.numpy()`` costs about half a microsecond.
-
-    Why slices: a parallel region waits for every thread of the pool; on a loaded 2-core
-    machine the second one is often descheduled, and a 65,536-entry transform measured 0.15 ms
-    at the median and 8.6 ms on average with two threads, against 1.5 ms on average in slices.
-    The compiled update around it is single-threaded anyway.
-    """
-    # np.add with dtype=float64 writes a new array: the caller's priorities are never touched.
-    shifted = np.add(priority.reshape(-1), eps, dtype=np.float64)
-    powered = torch.from_numpy(shifted)
-    n = shifted.shape[0]
-    if n <= _SERIAL_ELEMENTS:
-        powered.pow_(alpha)
-    else:
-        for start in range(0, n, _SERIAL_ELEMENTS):
-            powered[start : start + _SERIAL_ELEMENTS].pow_(alpha)
-    if dtype == torch.float64:
-        return shifted
-    # A value past the leaf dtype's range becomes inf, which the caller's checks refuse with a
-    # PriorityError: NumPy's overflow warning would only repeat that, before it.
-    with np.errstate(over="ignore"):
-        return shifted.astype(_NUMPY_LEAF_DTYPES[dtype])
 
 
 def _row_sums(rows: torch.Tensor) -> torch.Tensor:
@@ -693,20 +683,18 @@ def _update_numba(
     """
     if priority.dtype not in _KERNEL_PRIORITY_DTYPES:
         priority = priority.to(torch.float64)
-    raw = _numpy(priority)  # one view for the transform and the kernel
-    values = _transform_serial(raw, alpha, eps, tree.dtype)
     if index.numel() == 0:
         if priority.numel():
-            _check_values(tree, index, priority, torch.from_numpy(values), limit)
+            _check_values(tree, index, priority, transform_priority(priority, alpha, eps, tree.dtype), limit)
         return
     kernels = kernel_module("cpu.sumtree")
     arrays = tree._numpy_arrays()
     status = kernels.update(
         arrays.leaves, arrays.sums, arrays.mins, arrays.offsets, arrays.sizes, arrays.shift, _numpy(index),
-        raw, values, limit, _NO_MAX.copy() if max_priority is None else max_priority.numpy(),
+        _numpy(priority), float(alpha), float(eps), limit, _NO_MAX.copy() if max_priority is None else max_priority.numpy(),
     )
     if status != kernels.UPDATED:
-        _check_values(tree, index, priority, torch.from_numpy(values), limit)
+        _check_values(tree, index, priority, transform_priority(priority, alpha, eps, tree.dtype), limit)
         raise PriorityError("the update failed its checks")  # pragma: no cover - _check_values raised first
 
 

@@ -22,7 +22,14 @@ from gpubuf.errors import (
     UnsupportedOptionError,
 )
 from gpubuf.ops._dispatch import device_path
-from gpubuf.ops.sumtree import SumTree, sumtree_check, sumtree_rebuild, sumtree_sample_weighted, sumtree_update
+from gpubuf.ops.sumtree import (
+    SumTree,
+    fanout_for,
+    sumtree_check,
+    sumtree_rebuild,
+    sumtree_sample_weighted,
+    sumtree_update,
+)
 from gpubuf.samplers.base import Sampler
 from gpubuf.samplers.random import _check_batch_size, _unravel
 from gpubuf.storages.base import check_device, check_fits_memory
@@ -178,7 +185,8 @@ class PrioritizedSampler(Sampler):
             expected="a max_capacity whose tree fits in the device's memory",
         )
         try:
-            self._tree = SumTree(self._max_capacity, dtype=dtype, device=self._device or "cpu")
+            device_here = self._device or torch.device("cpu")
+            self._tree = SumTree(self._max_capacity, dtype=dtype, device=device_here, fanout=fanout_for(device_here))
         except (MemoryError, RuntimeError, OverflowError) as err:
             raise CapacityError(
                 f"a priority tree of max_capacity={self._max_capacity:,} cannot be allocated here ({type(err).__name__}): "
@@ -287,11 +295,20 @@ class PrioritizedSampler(Sampler):
             device = storage.data_device
             if device is not None and device != self._tree.device:
                 self._move_to(device)
+        self._fit_fanout()
 
     def _move_to(self, device: torch.device) -> None:
         self._tree = self._tree.to(device)
         self._max_value = self._max_value.to(device)
         self._max_index = self._max_index.to(device)
+
+    def _fit_fanout(self) -> None:
+        """Rebuilds the tree with the fanout of where it is read (:func:`fanout_for`), once the
+        buffer's backend and the storage's device are known: a tree made on the host and moved
+        to CUDA, or read on the forced device path, takes the device's."""
+        fanout = fanout_for(self._tree.device, self._backend)
+        if self._tree.fanout != fanout:
+            self._tree = self._tree.with_fanout(fanout)
 
     def _limit(self, storage: Any) -> int:
         """Priorities may only be set for written items."""
@@ -613,7 +630,7 @@ class PrioritizedSampler(Sampler):
         """
         alpha, beta, eps, tree_state, value, index = self._check_state(state_dict)
         try:
-            tree = SumTree.from_state_dict(tree_state, device=self._tree.device)
+            tree = SumTree.from_state_dict(tree_state, device=self._tree.device, fanout=self._tree.fanout)
         except (TypeError, ValueError, RuntimeError) as err:
             raise StateDictError(f"sampler state: the tree's leaves cannot be loaded: {err}") from None
         self._alpha, self._beta, self._eps = alpha, beta, eps

@@ -114,7 +114,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
     def _reset_held(self) -> None:
         """An empty held tree, no exclusion, and the device constants, on the tree's device."""
         device = self._tree.device
-        self._held = SumTree(self._max_capacity, dtype=self.dtype, device=device)
+        self._held = SumTree(self._max_capacity, dtype=self.dtype, device=device, fanout=self._tree.fanout)
         self._set_exclusions(torch.zeros(self._max_capacity + 1, dtype=torch.bool, device=device))
         self._excluded_for: int | None = None  # the slice length the exclusions were set for
         self._make_constants(device)
@@ -172,6 +172,7 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
             self._held = self._held.to(self._tree.device)
             self._set_exclusions(self._exclusions.to(self._tree.device))
             self._make_constants(self._tree.device)
+        self._held = self._held.with_fanout(self._tree.fanout)
 
     def update_priority(self, index: Any, priority: Any, *, storage: Any = None) -> None:
         """As :meth:`PrioritizedSampler.update_priority`; a step that cannot start a slice keeps

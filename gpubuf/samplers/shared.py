@@ -142,6 +142,10 @@ class SharedPrioritizedSampler(PrioritizedSampler):
         # The tree stays in shared host memory (the constructor fixed the device).
         return None
 
+    def _fit_fanout(self) -> None:
+        # Other processes map this tree: it keeps the shape the constructor gave it.
+        return None
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """See :meth:`PrioritizedSampler.load_state_dict`; the values go into the shared tree."""
         with self._lock:

@@ -10,9 +10,12 @@ step, so the results are equal bit for bit:
   a CPU row), its minimum the smallest positive child (``+inf`` when none);
 * the descent applies the twin's full child rule at every level.
 
-One number comes from the C library's ``pow`` where the twins use ``torch.pow`` (the two agree
-to an ulp of ``float64``, before rounding): the importance weights of :func:`draw`. Every other
-result is the twins' bit for bit, and internal nodes are always recomputed from the leaves.
+Two numbers come from the C library's ``pow`` where the twins use ``torch.pow`` (the two agree
+to an ulp of ``float64``, before rounding): the importance weights of :func:`draw` and the
+transformed priorities ``(p + eps) ** alpha`` that :func:`update` writes. Rounded to ``float32``
+leaves, the transforms are the twins' but for a value within an ulp of ``float64`` of a
+rounding boundary (about one in 2**29). Every other result follows the twins' rules bit for bit
+from the leaves, and internal nodes are always recomputed from the leaves.
 
 No ``fastmath``: it would let LLVM reorder the additions, and the sums would stop matching.
 """
@@ -47,7 +50,7 @@ PREFETCH_AHEAD = 16
 
 
 @njit(cache=True, nogil=True)
-def update(leaves, sums, mins, offsets, sizes, shift, index, priority, values, limit, max_priority):  # pragma: no cover
+def update(leaves, sums, mins, offsets, sizes, shift, index, priority, alpha, eps, limit, max_priority):  # pragma: no cover
     """A whole priority update in one call: check, write the leaves, refresh the ancestors, track the maximum.
 
     Every check runs before the first write, so a failed call changes nothing. The work is
@@ -62,7 +65,8 @@ def update(leaves, sums, mins, offsets, sizes, shift, index, priority, values, l
         index: ``[B]`` integer leaf indices; negative ones are skipped.
         priority: ``[B]`` or ``[1]`` raw priorities, any real dtype (checked, and their largest
             tracked).
-        values: their transforms ``(p + eps) ** alpha`` in the leaf dtype, ``[B]`` or ``[1]``.
+        alpha, eps: the transform ``(p + eps) ** alpha`` the leaves get, computed in float64 and
+            rounded to the leaf dtype (IEEE round to nearest, what torch's cast does).
         limit: every index must be below it.
         max_priority: float64 ``[1]``, the running maximum of the raw priorities given to a
             non-negative index; raised in place to this batch's largest.
@@ -78,8 +82,10 @@ def update(leaves, sums, mins, offsets, sizes, shift, index, priority, values, l
         # NaN fails both comparisons.
         if not (p >= 0.0 and p < _INF):
             return BAD_PRIORITY
-    for b in range(values.shape[0]):
-        if not (values[b] < _INF):
+    rounded = np.empty(n, leaves.dtype)
+    for b in range(n):
+        rounded[b] = (np.float64(priority[b]) + eps) ** alpha
+        if not (rounded[b] < _INF):
             return OVERFLOW
     one_value = n == 1
     batch_max = -_INF
@@ -94,13 +100,12 @@ def update(leaves, sums, mins, offsets, sizes, shift, index, priority, values, l
     if batch_max > max_priority[0]:
         max_priority[0] = batch_max
     # Writing in call order is the last-wins rule.
-    one_value = values.shape[0] == 1
     keys = np.empty(index.shape[0], np.int64)
     count = 0
     for b in range(index.shape[0]):
         i = index[b]
         if i >= 0:
-            leaves[i] = values[0] if one_value else values[b]
+            leaves[i] = rounded[0] if one_value else rounded[b]
             keys[count] = i
             count += 1
     _refresh_ancestors(leaves, sums, mins, offsets, sizes, shift, _sort_leaves(keys[:count]))
