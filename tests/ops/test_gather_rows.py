@@ -275,6 +275,19 @@ def test_compiled_gather_declines_what_it_cannot_copy_and_writes_nothing(gen):
     assert torch.equal(got[0], base[:, ::2][index])
 
 
+def test_a_batch_past_the_compiled_gathers_size_goes_to_index_select(gen, monkeypatch):
+    """Large batches are copied by index_select on all of torch's threads; the same rows either way."""
+    pytest.importorskip("numba")
+    module = _module()
+    sources = [_source(50, (4,), torch.float32, gen), _source(50, (), torch.int64, gen)]
+    index = torch.randint(0, 50, (10,), generator=gen)
+    assert module._gather_compiled(sources, index, None) is not None
+    monkeypatch.setattr(module, "COMPILED_GATHER_BYTES", 10 * (16 + 8) - 1)
+    assert module._gather_compiled(sources, index, None) is None
+    got = module.gather_rows_trusted(sources, index)
+    assert all(torch.equal(g, s[index]) for g, s in zip(got, sources))
+
+
 @pytest.mark.parametrize("bad", [7, -1])
 def test_trusted_gather_out_of_range_raises_an_index_error_not_a_crash(src, bad):
     """The sample path's entry trusts its callers; an index out of range still never reaches the
