@@ -33,3 +33,7 @@ class LastByIdentity:
         value = make()
         self._entry = (objects, value)
         return value
+
+    def put(self, objects: tuple, value: Any) -> None:
+        """Keeps ``value`` for ``objects`` (a kept value found stale by its user is replaced)."""
+        self._entry = (objects, value)

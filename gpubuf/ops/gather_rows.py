@@ -18,6 +18,7 @@ from gpubuf.errors import SchemaMismatchError
 from gpubuf.ops import _checks
 from gpubuf.host_memory import LARGE_OUTPUT_BYTES, empty_host
 from gpubuf.ops._dispatch import device_path, implementation, resolve, resolve_backend
+from gpubuf.ops._memo import LastByIdentity
 
 __all__ = ["gather_rows", "gather_rows_ref"]
 
@@ -138,15 +139,65 @@ def gather_rows_trusted(sources: Sequence[torch.Tensor], index: torch.Tensor, *,
     return gather_rows_ref(sources, index, None if index.is_cuda else [_empty_rows(src, index.shape[0]) for src in sources])
 
 
-def _empty_rows(source: torch.Tensor, batch: int, row_bytes: int | None = None) -> torch.Tensor:
-    """A new CPU output for ``batch`` rows of ``source`` (``row_bytes`` each): on huge pages when
-    large and the process asked for them (see :mod:`~gpubuf.host_memory`)."""
-    shape = (batch, *source.shape[1:])
-    if row_bytes is None:
-        row_bytes = math.prod(shape[1:]) * source.element_size()
+def _empty_rows(source: torch.Tensor, batch: int) -> torch.Tensor:
+    """A new CPU output for ``batch`` rows of ``source``."""
+    return _empty_rows_of(tuple(source.shape[1:]), source.dtype, batch, math.prod(source.shape[1:]) * source.element_size())
+
+
+def _empty_rows_of(tail: tuple[int, ...], dtype: torch.dtype, batch: int, row_bytes: int) -> torch.Tensor:
+    """A new CPU tensor ``[batch, *tail]`` of rows of ``row_bytes``: on huge pages when large
+    and the process asked for them (see :mod:`~gpubuf.host_memory`)."""
     if batch * row_bytes < LARGE_OUTPUT_BYTES:
-        return torch.empty(shape, dtype=source.dtype)
-    return empty_host(shape, source.dtype)
+        return torch.empty((batch, *tail), dtype=dtype)
+    return empty_host((batch, *tail), dtype)
+
+
+class _RowPlan:
+    """What the compiled gather needs of a set of sources, made once while the same tensors
+    come back (:class:`~gpubuf.ops._memo.LastByIdentity`): their addresses and row widths, and
+    how to allocate each output.
+
+    Attributes:
+        contiguous: every source is contiguous (the kernel reads rows as back-to-back bytes).
+        addresses: int64 ``[L]``, each source's first byte.
+        widths: int64 ``[L]``, each source's bytes per row.
+        row_bytes: the bytes of one row over all sources.
+    """
+
+    __slots__ = ("contiguous", "pointers", "addresses", "widths", "row_bytes", "_outputs")
+
+    def __init__(self, sources: Sequence[torch.Tensor]) -> None:
+        self.contiguous = all(src.is_contiguous() for src in sources)
+        widths = [math.prod(src.shape[1:]) * src.element_size() for src in sources]
+        self.pointers = tuple(map(torch.Tensor.data_ptr, sources))
+        self.addresses = np.array(self.pointers, dtype=np.int64)
+        self.widths = np.array(widths, dtype=np.int64)
+        self.row_bytes = sum(widths)
+        # A NumPy block handed over as a tensor costs half of torch.empty's dispatch; dtypes
+        # NumPy lacks (bfloat16, float8) take torch.empty.
+        self._outputs = [
+            (tuple(src.shape[1:]), src.dtype, _numpy_dtype(src.dtype), width) for src, width in zip(sources, widths)
+        ]
+
+    def empty_outputs(self, batch: int) -> list[torch.Tensor]:
+        """New contiguous CPU outputs of ``batch`` rows, one per source (large ones as
+        :func:`_empty_rows` makes them)."""
+        return [
+            torch.from_numpy(np.empty((batch, *tail), numpy_dtype))
+            if numpy_dtype is not None and batch * width < LARGE_OUTPUT_BYTES
+            else _empty_rows_of(tail, dtype, batch, width)
+            for tail, dtype, numpy_dtype, width in self._outputs
+        ]
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
+    try:
+        return torch.empty(0, dtype=dtype).numpy().dtype
+    except TypeError:
+        return None
+
+
+_plans = LastByIdentity()
 
 
 def _gather_compiled(
@@ -159,21 +210,24 @@ def _gather_compiled(
     :data:`COMPILED_GATHER_BYTES`, or an index outside ``[0, N)`` (the twin then raises
     ``index_select``'s error, as it would have).
     """
-    if not all(src.is_contiguous() for src in sources):
-        return None
+    sources = tuple(sources)
+    plan = _plans.get(sources, lambda: _RowPlan(sources))
+    if tuple(map(torch.Tensor.data_ptr, sources)) != plan.pointers:
+        # The same tensors over new memory (set_, resize_): the kernel copies through raw
+        # addresses, so a kept plan is only used while they still hold.
+        plan = _RowPlan(sources)
+        _plans.put(sources, plan)
     batch = index.shape[0]
-    widths = [math.prod(src.shape[1:]) * src.element_size() for src in sources]
-    if batch * sum(widths) > COMPILED_GATHER_BYTES:
+    if not plan.contiguous or batch * plan.row_bytes > COMPILED_GATHER_BYTES:
         return None
     if index.dtype != torch.int64 or not index.is_contiguous():
         index = index.to(torch.int64).contiguous()
     if outs is None:
-        outs = [_empty_rows(src, batch, width) for src, width in zip(sources, widths)]
-    # Addresses and row widths: the kernel copies bytes, whatever each field's dtype and shape.
-    # The tensors stay referenced here, so their memory outlives the call.
+        outs = plan.empty_outputs(batch)
+    # The tensors stay referenced here (and by the plan), so their memory outlives the call.
     args = (
-        np.array([src.data_ptr() for src in sources], dtype=np.int64),
-        np.array(widths, dtype=np.int64),
+        plan.addresses,
+        plan.widths,
         sources[0].shape[0],
         np.array([out.data_ptr() for out in outs], dtype=np.int64),
         index.data_ptr(),

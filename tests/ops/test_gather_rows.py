@@ -318,3 +318,15 @@ def test_cpu_auto_takes_the_kernel_and_torch_takes_the_twin(gen, monkeypatch):
     monkeypatch.setenv("GPUBUF_NUMBA", "0")
     module.gather_rows_trusted(sources, index)
     assert calls == [True, True]
+
+
+def test_compiled_gather_follows_sources_moved_to_new_memory(gen):
+    """The kept addresses of the sources are checked at every call: a source whose memory was
+    replaced in place (set_) is read where it is now."""
+    pytest.importorskip("numba")
+    module = _module()
+    source = _source(40, (3,), torch.float32, gen)
+    index = torch.tensor([39, 0, 7])
+    assert torch.equal(module._gather_compiled([source], index, None)[0], source[index])
+    source.set_(torch.full((40, 3), 5.0))
+    assert torch.equal(module._gather_compiled([source], index, None)[0], torch.full((3, 3), 5.0))
