@@ -8,6 +8,7 @@ objects come back; the views share the tensors' memory, so a change in place sho
 
 from __future__ import annotations
 
+import weakref
 from operator import is_
 from typing import Any, Callable
 
@@ -34,6 +35,26 @@ class LastByIdentity:
         self._entry = (objects, value)
         return value
 
+
+class LastByWeakIdentity:
+    """:class:`LastByIdentity` for objects it must not keep alive (a storage's leaves, which may
+    take most of the memory): it holds weak references, and an object that died matches nothing,
+    so its identity cannot be taken by another."""
+
+    __slots__ = ("_entry",)
+
+    def __init__(self) -> None:
+        self._entry: tuple[tuple, Any] | None = None
+
+    def get(self, objects: tuple, make: Callable[[], Any]) -> Any:
+        """``make()`` for ``objects``, or the kept value when they are the last objects given."""
+        entry = self._entry
+        if entry is not None and len(entry[0]) == len(objects) and all(ref() is obj for ref, obj in zip(entry[0], objects)):
+            return entry[1]
+        value = make()
+        self.put(objects, value)
+        return value
+
     def put(self, objects: tuple, value: Any) -> None:
         """Keeps ``value`` for ``objects`` (a kept value found stale by its user is replaced)."""
-        self._entry = (objects, value)
+        self._entry = (tuple(map(weakref.ref, objects)), value)

@@ -18,7 +18,7 @@ from gpubuf.errors import SchemaMismatchError
 from gpubuf.ops import _checks
 from gpubuf.host_memory import LARGE_OUTPUT_BYTES, empty_host
 from gpubuf.ops._dispatch import device_path, implementation, resolve, resolve_backend
-from gpubuf.ops._memo import LastByIdentity
+from gpubuf.ops._memo import LastByWeakIdentity
 
 __all__ = ["gather_rows", "gather_rows_ref"]
 
@@ -154,7 +154,8 @@ def _empty_rows_of(tail: tuple[int, ...], dtype: torch.dtype, batch: int, row_by
 
 class _RowPlan:
     """What the compiled gather needs of a set of sources, made once while the same tensors
-    come back (:class:`~gpubuf.ops._memo.LastByIdentity`): their addresses and row widths, and
+    come back (:class:`~gpubuf.ops._memo.LastByWeakIdentity`: the leaves are not kept alive by
+    it): their addresses and row widths, and
     how to allocate each output.
 
     Attributes:
@@ -197,7 +198,7 @@ def _numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
         return None
 
 
-_plans = LastByIdentity()
+_plans = LastByWeakIdentity()
 
 
 def _gather_compiled(
@@ -224,7 +225,7 @@ def _gather_compiled(
         index = index.to(torch.int64).contiguous()
     if outs is None:
         outs = plan.empty_outputs(batch)
-    # The tensors stay referenced here (and by the plan), so their memory outlives the call.
+    # The tensors stay referenced here, so their memory outlives the call.
     args = (
         plan.addresses,
         plan.widths,

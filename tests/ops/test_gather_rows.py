@@ -330,3 +330,19 @@ def test_compiled_gather_follows_sources_moved_to_new_memory(gen):
     assert torch.equal(module._gather_compiled([source], index, None)[0], source[index])
     source.set_(torch.full((40, 3), 5.0))
     assert torch.equal(module._gather_compiled([source], index, None)[0], torch.full((3, 3), 5.0))
+
+
+def test_compiled_gather_keeps_no_source_alive(gen):
+    """What the gather keeps of its last sources (addresses, widths) holds no reference to them:
+    a dropped storage's memory is freed at once, not at the next gather of other rows."""
+    pytest.importorskip("numba")
+    import gc
+    import weakref
+
+    module = _module()
+    source = _source(40, (3,), torch.float32, gen)
+    assert module._gather_compiled([source], torch.tensor([1, 2]), None) is not None
+    alive = weakref.ref(source)
+    del source
+    gc.collect()
+    assert alive() is None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from gpubuf.ops._memo import LastByIdentity
+from gpubuf.ops._memo import LastByIdentity, LastByWeakIdentity
 
 
 def test_kept_while_the_same_objects_come_back_and_remade_for_others():
@@ -30,3 +30,21 @@ def test_the_kept_objects_stay_alive():
     memo.get((torch.zeros(2),), lambda: "views")
     (kept,) = memo._entry[0]
     assert kept.shape == (2,)  # held by the entry, so its id cannot be reused while kept
+
+
+def test_the_weak_memo_keeps_nothing_alive_and_misses_once_an_object_died():
+    import gc
+    import weakref
+
+    memo = LastByWeakIdentity()
+    a, b = torch.zeros(3), torch.ones(3)
+    made = []
+    assert memo.get((a, b), lambda: made.append(1) or "first") == "first"
+    assert memo.get((a, b), lambda: made.append(1) or "again") == "first" and made == [1]
+    assert memo.get((b, a), lambda: made.append(1) or "swapped") == "swapped" and made == [1, 1]
+    alive = weakref.ref(a)
+    del a
+    gc.collect()
+    assert alive() is None
+    c = torch.zeros(3)
+    assert memo.get((c, b), lambda: "new") == "new"
