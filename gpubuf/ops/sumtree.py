@@ -695,7 +695,9 @@ def _update_numba(
     )
     if status != kernels.UPDATED:
         _check_values(tree, index, priority, transform_priority(priority, alpha, eps, tree.dtype), limit)
-        raise PriorityError("the update failed its checks")  # pragma: no cover - _check_values raised first
+        # The C library's pow overflowed where torch's, a last bit lower, did not (a value at the
+        # leaf dtype's bound): the kernel's verdict stands, with the twin's message.
+        raise PriorityError(f"(priority + eps) ** alpha overflows {tree.dtype}")
 
 
 def sumtree_check(tree: SumTree) -> None:

@@ -776,3 +776,19 @@ def test_cpu_path_draws_in_mass_order_equal_twin(cpu_thresholds, cpu_backend, st
         want = sumtree_sample_ref(tree, u, stratified=stratified)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
         assert bool((got[1] > 0).all())
+
+
+def test_an_overflow_only_the_compiled_update_sees_is_a_priority_error_and_writes_nothing(monkeypatch):
+    """At the leaf dtype's bound the C library's pow may overflow where torch's does not: the
+    kernel refuses the update (nothing written) and the host raises the overflow's error."""
+    pytest.importorskip("numba")
+    from gpubuf.ops._dispatch import kernel_module
+
+    kernels = kernel_module("cpu.sumtree")
+    tree = SumTree(64, fanout=4)
+    sumtree_update(tree, torch.arange(64), torch.rand(64, generator=torch.Generator().manual_seed(2)) + 0.1, backend="numba")
+    before = (tree.leaves.clone(), tree.sums.clone(), tree.mins.clone())
+    monkeypatch.setattr(kernels, "update", lambda *args: kernels.OVERFLOW)
+    with pytest.raises(PriorityError, match="overflows torch.float32"):
+        sumtree_update(tree, torch.tensor([3, 9]), torch.tensor([1.0, 2.0]), alpha=0.7, backend="numba")
+    assert all(torch.equal(a, b) for a, b in zip(before, (tree.leaves, tree.sums, tree.mins)))
