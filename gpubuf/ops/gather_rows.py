@@ -153,10 +153,9 @@ def _empty_rows_of(tail: tuple[int, ...], dtype: torch.dtype, batch: int, row_by
 
 
 class _RowPlan:
-    """What the compiled gather needs of a set of sources, made once while the same tensors
-    come back (:class:`~gpubuf.ops._memo.LastByWeakIdentity`: the leaves are not kept alive by
-    it): their addresses and row widths, and
-    how to allocate each output.
+    """What the compiled gather needs of a set of sources: their addresses and row widths, and
+    how to allocate each output. Made once while the same tensors come back
+    (:class:`~gpubuf.ops._memo.LastByWeakIdentity`, which does not keep them alive).
 
     Attributes:
         contiguous: every source is contiguous (the kernel reads rows as back-to-back bytes).

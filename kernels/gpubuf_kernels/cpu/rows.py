@@ -6,12 +6,14 @@ copies one field at a time and waits for each row's cache misses in turn; a samp
 scattered over the whole storage, so nearly every row misses the cache and the TLB. Here, while
 row ``b`` is copied, the rows :data:`PREFETCH_AHEAD` places on are already on their way. (Measured
 side by side on 1M rows of 277 B in five fields, cold rows: 256 rows in 0.65 times the time of
-five ``index_select`` calls, 512 to 4,096 rows in 0.6 to 0.65, 65,536 in 0.95.)
+five ``index_select`` calls, 512 to 4,096 rows in 0.6 to 0.65. Large batches are bound by write
+bandwidth, where ``index_select``'s two threads win: the caller sends them there.)
 
-Consecutive rows (a trajectory slice) are copied as one block. The fields differ in dtype and row width, so the kernel takes them as raw addresses, bytes and
-widths: one compiled function for any schema, and no per-field array to convert per call. The
-caller passes contiguous tensors and keeps them alive for the call; every index is checked
-against the row count before the first copy.
+Consecutive rows (a trajectory slice) are copied as one block. The fields differ in dtype and
+row width, so the kernel takes them as raw addresses, bytes and widths: one compiled function
+for any schema, and no per-field array to convert per call. The caller passes contiguous tensors
+and keeps them alive for the call; every index is checked against the row count before the
+first copy.
 """
 
 from __future__ import annotations
