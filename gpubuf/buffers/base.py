@@ -309,12 +309,14 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         self._backend = check_backend(backend)
         self._storage._backend = backend
         self._sampler._backend = backend
+        self._sampler._bind(self._storage)
 
     def set_storage(self, storage: Storage, collate_fn: Callable | None = None) -> Storage:
         self._invalidate_prefetch()
         previous, self._storage = self._storage, storage
         storage._backend = self._backend
         self._writer.register_storage(storage)
+        self._sampler._bind(storage)
         if collate_fn is not None:
             self._collate_fn = collate_fn
         return previous
@@ -324,6 +326,7 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         previous, self._sampler = self._sampler, sampler
         sampler._rng = self._rng
         sampler._backend = self._backend
+        sampler._bind(self._storage)
         return previous
 
     def set_writer(self, writer: Writer) -> Writer:

@@ -44,11 +44,6 @@ class _PrioritizedMixin:
     _sampler: Sampler
     _storage: Storage
 
-    def _bind_sampler(self) -> None:
-        # The sampler is told about writes without the storage (``sampler.extend(index)``);
-        # knowing it bounds priority updates to the written range and places coordinates.
-        self._sampler._bind(self._storage)
-
     @property
     def prioritized_sampler(self) -> Sampler:
         """The sampler that owns the priority tree."""
@@ -114,7 +109,6 @@ class PrioritizedReplayBuffer(_PrioritizedMixin, ReplayBuffer):
         elif sampler_device is not None:
             raise TypeError("sampler_device cannot be passed when sampler is provided")
         super().__init__(storage=storage, sampler=sampler, delayed_init=delayed_init, **kwargs)
-        self._bind_sampler()
 
 
 class TensorDictPrioritizedReplayBuffer(_PrioritizedMixin, TensorDictReplayBuffer):
@@ -171,7 +165,6 @@ class TensorDictPrioritizedReplayBuffer(_PrioritizedMixin, TensorDictReplayBuffe
             storage.max_size, alpha, beta, eps, dtype, reduction=reduction, device=sampler_device
         )
         super().__init__(priority_key=priority_key, storage=storage, sampler=sampler, compilable=compilable, **kwargs)
-        self._bind_sampler()
 
     def _check_priorities(self, data: Any, batched: bool) -> None:
         """Refuses bad priorities before anything is written, so a failed write changes nothing."""

@@ -73,9 +73,10 @@ class Sampler:
         return None
 
     def _bind(self, storage: Any) -> None:
-        """Told the buffer's storage when a prioritized buffer is built or its storage replaced
-        (a prioritized sampler bounds updates to the written range and follows the storage's
-        device); nothing to do for the others."""
+        """Told the buffer's storage whenever the buffer is built or its storage, sampler or
+        backend changes, since ``extend(index)`` carries no storage (a prioritized sampler bounds
+        updates to the written range, follows the storage's device and fits its tree to where it
+        is read); nothing to do for the others."""
         return None
 
     def _prefetch_state(self) -> Any:

@@ -176,6 +176,7 @@ class PrioritizedSampler(Sampler):
         self._device = None if device is None else check_device(device)
         self._storage: Any = None
         self._bound_device_attr: Any = _UNBOUND
+        self._bound_backend: str | None = None
         # The leaves alone take capacity x itemsize bytes: a tree that cannot fit is refused
         # before the allocation (with overcommit, it would succeed and fail when first touched).
         check_fits_memory(
@@ -285,12 +286,14 @@ class PrioritizedSampler(Sampler):
     def _bind(self, storage: Any) -> None:
         """Remembers ``storage`` and, without an explicit device, moves the tree to the storage's."""
         if storage is None:
+            self._fit_fanout()
             return
         device_attr = storage.device
-        if storage is self._storage and device_attr is self._bound_device_attr:
-            return  # the same storage, its device unchanged since the last call (every sample and update calls this)
+        if storage is self._storage and device_attr is self._bound_device_attr and self._backend is self._bound_backend:
+            return  # nothing changed since the last call (every sample and update calls this)
         self._storage = storage
         self._bound_device_attr = device_attr
+        self._bound_backend = self._backend
         if self._device is None:
             device = storage.data_device
             if device is not None and device != self._tree.device:

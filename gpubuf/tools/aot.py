@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib
 import json
@@ -34,7 +35,7 @@ import subprocess
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 #: The kernel modules of ``gpubuf_kernels`` that hold Triton kernels.
 KERNEL_MODULES = ("gather", "write_rows", "gather_packed", "codec", "sumtree", "slice", "episodes")
@@ -94,6 +95,70 @@ def specializations() -> list[tuple[str, dict[str, Any]]]:
         module = importlib.import_module(f"gpubuf_kernels.{name}")
         found += [(name, spec) for spec in getattr(module, "SPECIALIZATIONS", [])]
     return found
+
+
+#: Launch options of a launch, not kernel parameters.
+_LAUNCH_OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+
+
+def launched_specialization(kernel: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The specialisation Triton's JIT compiles for one launch on a GPU: parameter types as the
+    JIT derives them from the values passed (``triton.runtime.jit.mangle_type``, or the
+    parameter's annotation), and the constexprs.
+
+    Works on the interpreter's launches too (the same arguments reach the JIT on CUDA), so a run
+    of the forced device path on the CPU shows what a GPU compiles.
+
+    Args:
+        kernel: the jitted (or interpreted) kernel.
+        args, kwargs: what the launcher passed (kernel arguments, constexprs, launch options).
+
+    Returns:
+        ``{"kernel", "signature", "constexprs", "num_warps"}``, the shape of a ``SPECIALIZATIONS``
+        entry.
+    """
+    import inspect
+
+    from triton.runtime.jit import KernelParam, mangle_type
+
+    fn = getattr(kernel, "fn", kernel)
+    params = inspect.signature(fn).parameters
+    options = {k: v for k, v in kwargs.items() if k in _LAUNCH_OPTIONS}
+    bound = inspect.signature(fn).bind(*args, **{k: v for k, v in kwargs.items() if k not in _LAUNCH_OPTIONS})
+    bound.apply_defaults()
+    signature, constexprs = {}, {}
+    for number, (name, param) in enumerate(params.items()):
+        value = bound.arguments[name]
+        described = KernelParam(number, param, False, False)
+        if described.is_constexpr:
+            constexprs[name] = value
+        elif described.annotation_type:
+            signature[name] = described.annotation_type
+        elif value is None:
+            constexprs[name] = None  # the JIT makes a None argument a constexpr
+        else:
+            signature[name] = mangle_type(value)
+    return {"kernel": fn.__name__, "signature": signature, "constexprs": constexprs,
+            "num_warps": options.get("num_warps", 4)}
+
+
+@contextlib.contextmanager
+def launched() -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    """Records ``(module, specialisation)`` of every launch made through the launch helper inside
+    the block (the module's short name, as in :data:`KERNEL_MODULES`)."""
+    from gpubuf_kernels import _launch
+
+    found: list[tuple[str, dict[str, Any]]] = []
+
+    def record(kernel: Any, args: tuple, kwargs: dict) -> None:
+        module = getattr(kernel, "fn", kernel).__module__.rsplit(".", 1)[-1]
+        found.append((module, launched_specialization(kernel, args, kwargs)))
+
+    _launch.add_launch_recorder(record)
+    try:
+        yield found
+    finally:
+        _launch.remove_launch_recorder(record)
 
 
 def unlisted_kernels() -> list[str]:

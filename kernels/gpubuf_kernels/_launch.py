@@ -19,12 +19,28 @@ from typing import Any, Callable, ContextManager, Iterator
 import torch
 
 _listeners: list[Callable[[str], None]] = []
+_recorders: list[Callable[[Any, tuple, dict], None]] = []
 _state = threading.local()
 
 
 def add_launch_listener(listener: Callable[[str], None]) -> None:
     """Calls ``listener(kernel_name)`` before every Triton launch made through :func:`launch`."""
     _listeners.append(listener)
+
+
+def add_launch_recorder(recorder: Callable[[Any, tuple, dict], None]) -> None:
+    """Calls ``recorder(kernel, args, kwargs)`` before every launch made through :func:`launch`.
+
+    What the launchers really pass, for checking that the kernels compile for a GPU with the
+    argument types Triton's JIT gives them there (``gpubuf.tools.aot.launched``).
+    """
+    _recorders.append(recorder)
+
+
+def remove_launch_recorder(recorder: Callable[[Any, tuple, dict], None]) -> None:
+    """Stops calling ``recorder``; one that was never added is ignored."""
+    with contextlib.suppress(ValueError):
+        _recorders.remove(recorder)
 
 
 def remove_launch_listener(listener: Callable[[str], None]) -> None:
@@ -76,8 +92,10 @@ def launch(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> Any:
     """
     if getattr(_state, "skip", 0):
         return None
-    if not _listeners:
+    if not _listeners and not _recorders:
         return kernel[grid](*args, **kwargs)
+    for recorder in tuple(_recorders):
+        recorder(kernel, args, kwargs)
     name = kernel_name(kernel)
     for listener in tuple(_listeners):
         listener(name)

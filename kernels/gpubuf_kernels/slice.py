@@ -154,7 +154,7 @@ def _sumtree_windows_kernel(
     num_slices,
     capacity,
     seq_length,
-    beta,
+    beta: tl.float64,  # float64, not Triton's default float32 for a Python float
     DEPTH: tl.constexpr,
     FANOUT: tl.constexpr,
     STRATIFIED: tl.constexpr,

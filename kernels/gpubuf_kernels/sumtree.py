@@ -93,8 +93,10 @@ def _sumtree_claim_kernel(
     flags_ptr,  # int32 [2]: error word, counter
     n,
     limit,
-    alpha,
-    eps,
+    # Annotated: a Python float would otherwise be passed as float32 (Triton's default), and the
+    # transform must use the exponent the host was given, as the twin does.
+    alpha: tl.float64,
+    eps: tl.float64,
     ONE_PRIORITY: tl.constexpr,
     FROM_MAX: tl.constexpr,
     TRACK_MAX: tl.constexpr,
@@ -331,7 +333,7 @@ def _sumtree_sample_kernel(
     weight_out_ptr,  # leaf dtype [n] (unused without HAS_WEIGHTS)
     flags_ptr,  # int32 [2]
     n,
-    beta,
+    beta: tl.float64,  # float64, not Triton's default float32 for a Python float
     DEPTH: tl.constexpr,
     FANOUT: tl.constexpr,
     STRATIFIED: tl.constexpr,

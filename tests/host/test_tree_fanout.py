@@ -19,6 +19,7 @@ from gpubuf import (
     SharedPrioritizedSampler,
 )
 from gpubuf.ops.sumtree import DEFAULT_FANOUT, HOST_FANOUT, SumTree, fanout_for, sumtree_sample
+from gpubuf.tools.aot import launched
 
 
 def _buffer(sampler, backend="auto", capacity=300):
@@ -58,18 +59,20 @@ def test_the_forced_device_path_gets_the_device_fanout_for_both_trees():
 
 @pytest.mark.interpreter
 def test_a_refitted_tree_keeps_every_priority():
-    """Priorities a sampler got before it first saw its storage (on its own, and from writes)
-    survive its move onto the device path."""
+    """Priorities a sampler got on its own, before a buffer on the device path took it, survive
+    the tree's rebuild, which the buffer's construction does: the writes that follow already go
+    to a tree of the device's fanout (``extend(index)`` carries no storage to bind it later)."""
     sampler = PrioritizedSampler(300, 0.7, 0.5)
     sampler.update_priority(torch.arange(20, 25), torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0]))
-    rb = _buffer(sampler, backend="triton")
-    rb.extend(torch.arange(30.0))  # a plain buffer's writes do not bind the sampler: new items at the maximum
     assert sampler._tree.fanout == HOST_FANOUT
     before = sampler._tree.values().clone()
-    assert int(before.count_nonzero()) == 30
-    rb.sample()  # the first call that hands the sampler its storage
+    rb = _buffer(sampler, backend="triton")
     assert sampler._tree.fanout == DEFAULT_FANOUT
     assert torch.equal(sampler._tree.values(), before)
+    with launched() as found:
+        rb.extend(torch.arange(30.0))
+    assert {spec["constexprs"]["FANOUT"] for _, spec in found if spec["kernel"] == "_sumtree_write_kernel"} == {DEFAULT_FANOUT}
+    assert int(sampler._tree.values().count_nonzero()) == 30
     _same_tree_as_built(sampler._tree, DEFAULT_FANOUT)
 
 
