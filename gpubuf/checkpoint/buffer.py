@@ -50,7 +50,7 @@ from gpubuf.checkpoint.format import (
     seal_meta,
 )
 from gpubuf.checkpoint.staging import Staging, staging_for
-from gpubuf.checkpoint.values import Decoder, Encoder
+from gpubuf.checkpoint.values import Decoder, Encoder, exists_here
 from gpubuf.storages._layout import class_path
 from gpubuf.errors import GpubufError
 
@@ -506,7 +506,7 @@ def _generator(device: str, state: torch.Tensor) -> torch.Generator | None:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
         raise CheckpointCorruptError(f"invalid generator device {device!r}") from None
-    if dev.type != "cpu" and not (dev.type == "cuda" and torch.cuda.is_available()):
+    if not exists_here(dev):
         import warnings
 
         warnings.warn(

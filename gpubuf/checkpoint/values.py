@@ -206,6 +206,16 @@ def _is_memmap(value: Any) -> bool:
     return isinstance(value, MemoryMappedTensor)
 
 
+def exists_here(device: torch.device) -> bool:
+    """Whether this machine has ``device``: the CPU, a CUDA device of an index it has, or MPS."""
+    if device.type == "cpu":
+        return True
+    return {
+        "cuda": torch.cuda.is_available() and (device.index is None or device.index < torch.cuda.device_count()),
+        "mps": getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available(),
+    }.get(device.type, False)
+
+
 def device_here(name: str) -> torch.device:
     """The recorded device when it exists on this machine, else the CPU.
 
@@ -216,13 +226,7 @@ def device_here(name: str) -> torch.device:
         device = torch.device(name)
     except (RuntimeError, TypeError):
         raise CheckpointCorruptError(f"invalid device {name!r}") from None
-    if device.type == "cpu":
-        return device
-    available = {
-        "cuda": torch.cuda.is_available() and (device.index is None or device.index < torch.cuda.device_count()),
-        "mps": getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available(),
-    }.get(device.type, False)
-    if available:
+    if device.type == "cpu" or exists_here(device):
         return device
     import warnings
 

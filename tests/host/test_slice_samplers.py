@@ -77,7 +77,7 @@ def _our_trajectories(sampler) -> set:
     index = sampler._index if sampler._static is None else sampler._static
     everything = index.eligible(1)
     count = int(everything.counts().sum())
-    col, start, length = index.pick(everything, torch.arange(count))
+    col, start, length = index.pick(everything, torch.arange(count, device=everything.slots.device))
     rows = start % index.capacity
     return {(int(c), int(s), int(n)) for c, s, n in zip(col, rows, length)}
 

@@ -245,7 +245,10 @@ def test_cuda_device_tier(tmp_path):
     storage = SpillStorage(1000, device="cuda", device_budget=100 * ROW, scratch_dir=tmp_path / "s")
     rb = gpubuf.TensorDictReplayBuffer(storage=storage, batch_size=512)
     rb.extend(ted_rows(1000).to("cuda"))
-    assert storage._hot[0].is_cuda and storage.tiers["rows_spilled"] == 900
+    tiers = storage.tiers
+    # The stored rows also hold the "index" the TensorDict buffer writes (8 bytes more than ROW).
+    hot = 100 * ROW // tiers["row_bytes"]
+    assert storage._hot[0].is_cuda and tiers["rows_on_device"] == hot and tiers["rows_spilled"] == 1000 - hot
     batch = rb.sample()
     assert batch["observation"].is_cuda
     ids = ids_of(batch.cpu())

@@ -143,11 +143,10 @@ def test_more_rows_than_a_grid_axis_on_gpu():
     _check(values, starts.cuda(), lengths.cuda(), index)
 
 
-def test_packed_storage_samples_and_compacts_through_the_kernel(monkeypatch):
-    """The storage's whole path (sampling, compaction into preallocated arenas) on the kernel.
-
-    On CPU the storages dispatch to the twin; the buffer's ``backend="triton"`` runs the kernel
-    through the interpreter.
+def test_packed_storage_samples_and_compacts_through_the_kernel(monkeypatch, kernel_device):
+    """The storage's whole path (sampling, compaction into preallocated arenas) on the kernel:
+    a CUDA storage where there is one, else CPU tensors through the interpreter (the buffer's
+    ``backend="triton"``; on the CPU ``auto`` would take the twin).
     """
     from tensordict import TensorDict
 
@@ -163,13 +162,13 @@ def test_packed_storage_samples_and_compacts_through_the_kernel(monkeypatch):
     calls = []
     real = op.implementation("gather_packed", "triton")
     monkeypatch.setattr(op, "implementation", lambda name, which: lambda *a: calls.append(name) or real(*a))
-    rb = ReplayBuffer(storage=PackedStorage(6), batch_size=5, backend="triton")
+    rb = ReplayBuffer(storage=PackedStorage(6, device=kernel_device), batch_size=5, backend="triton")
     rb.extend(items[:6])
     rb.storage.compact()
     rb.extend(items[6:])  # overwrites every row: the arena fills and compacts
-    index = torch.tensor([5, 0, 3, 3, 1])
+    index = torch.tensor([5, 0, 3, 3, 1], device=kernel_device)
     batch = rb.storage.get(index)
     for b, i in enumerate(index.tolist()):
-        assert torch.equal(batch["ids"][b], items[6 + i]["ids"])
-        assert torch.equal(batch["mask"][b], items[6 + i]["mask"])
+        assert torch.equal(batch["ids"][b].cpu(), items[6 + i]["ids"])
+        assert torch.equal(batch["mask"][b].cpu(), items[6 + i]["mask"])
     assert calls and set(calls) == {"gather_packed"}  # the kernel ran: the backend reached the storage
