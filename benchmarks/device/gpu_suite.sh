@@ -58,6 +58,12 @@ fi
 # The checkout itself, not an installed copy: gpubuf from the root, gpubuf_kernels from kernels/.
 export PYTHONPATH="$site:$PWD:$PWD/kernels${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
+# TorchRL's wheel carries its C++ trees built for one torch; under the machine's torch they may not
+# load (undefined symbol), and TorchRL's prioritized rows would be missing: build them for it.
+if [ -d "$site/torchrl" ] && ! python3 -c "from torchrl._torchrl import SumSegmentTreeFp32" 2>/dev/null; then
+  echo "== TorchRL's extension does not load under this torch: rebuilding it ($(date -u +%H:%M:%S))"
+  MAX_JOBS=$(nproc) python3 scripts/build_torchrl_extension.py || echo "(rebuild failed: TorchRL's prioritized rows stay unavailable)"
+fi
 
 python3 - <<'EOF' | tee "$out/environment.json"
 import json

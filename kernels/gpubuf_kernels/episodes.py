@@ -293,7 +293,7 @@ SPECIALIZATIONS = [
     {
         "kernel": "_episode_rows_kernel",
         "label": "rows",
-        "signature": {"breaks_ptr": "*i1", "ranks_ptr": "*i64", "head_ptr": "*i64", "start_ptr": "*i64",
+        "signature": {"breaks_ptr": "*u1", "ranks_ptr": "*i64", "head_ptr": "*i64", "start_ptr": "*i64",
                       "stop_ptr": "*i64", "row_traj_ptr": "*i64", "n": "i64", "columns": "i64", "capacity": "i64",
                       "written": "i64"},
         "constexprs": {"BLOCK": EPISODES["BLOCK"]},
@@ -303,7 +303,7 @@ SPECIALIZATIONS = [
     {
         "kernel": "_episode_lists_kernel",
         "label": f"FRESH={int(fresh)},HAS_LIST={int(has_list)},WRITE_ENDS={int(write_ends)}",
-        "signature": {"breaks_ptr": "*i1", "ranks_ptr": "*i64", "head_ptr": "*i64", "tail_ptr": "*i64",
+        "signature": {"breaks_ptr": "*u1", "ranks_ptr": "*i64", "head_ptr": "*i64", "tail_ptr": "*i64",
                       "start_ptr": "*i64", "stop_ptr": "*i64", "row_traj_ptr": "*i64", "slots_ptr": "*i64",
                       "front_ptr": "*i64", "back_ptr": "*i64", "n": "i64", "columns": "i64", "capacity": "i64",
                       "lower": "i64", "length": "i64"},
@@ -316,7 +316,7 @@ SPECIALIZATIONS = [
     {
         "kernel": "_start_exclusions_kernel",
         "label": f"{leaves},STRICT={int(strict)}",
-        "signature": {"row_traj_ptr": "*i64", "start_ptr": "*i64", "stop_ptr": "*i64", "excluded_ptr": "*i1",
+        "signature": {"row_traj_ptr": "*i64", "start_ptr": "*i64", "stop_ptr": "*i64", "excluded_ptr": "*u1",
                       "tree_ptr": f"*{leaves}", "held_ptr": f"*{leaves}", "flat_ptr": "*i64", "to_held_ptr": "*fp64",
                       "to_tree_ptr": "*fp64", "first": "i64", "written": "i64", "lower": "i64", "count": "i64",
                       "columns": "i64", "capacity": "i64", "kept": "i64"},

@@ -256,15 +256,15 @@ def _tree_block(block_l: int) -> int:
 
 #: What the launchers compile, for the ahead-of-time check (``gpubuf.tools.aot``): slices of up to
 #: 64 steps (``BLOCK_L`` is the next power of two of the slice length); the uniform draw with and
-#: without each stored flag column, the prioritized draw (fp32 and fp64 leaves, trees of depth 4
-#: and 5, i.i.d. and stratified) with both flag columns or neither.
+#: without each stored flag column, the prioritized draw (fp32 and fp64 leaves, trees of depth 3
+#: to 5, i.i.d. and stratified) with both flag columns or neither.
 SPECIALIZATIONS = [
     {
         "kernel": "_slice_windows_kernel",
         "label": f"BLOCK_L={block_l},HAS_DONE={int(has_done)},HAS_TERMINATED={int(has_term)},HAS_INIT={int(has_init)}",
         "signature": {"slots_ptr": "*i64", "start_ptr": "*i64", "stop_ptr": "*i64", "front_ptr": "*i64",
-                      "back_ptr": "*i64", "u_ptr": "*fp64", "done_ptr": "*i1", "terminated_ptr": "*i1",
-                      "init_ptr": "*i1", "rows_ptr": "*i64", "marks_ptr": "*i1", "error_ptr": "*i32", "num_slices": "i32",
+                      "back_ptr": "*i64", "u_ptr": "*fp64", "done_ptr": "*u1", "terminated_ptr": "*u1",
+                      "init_ptr": "*u1", "rows_ptr": "*i64", "marks_ptr": "*u1", "error_ptr": "*i32", "num_slices": "i32",
                       "capacity": "i64", "lower": "i64", "seq_length": "i32"},
         "constexprs": {"BLOCK": SLICE_WINDOWS["BLOCK"], "BLOCK_L": block_l, "HAS_DONE": has_done,
                        "HAS_TERMINATED": has_term, "HAS_INIT": has_init},
@@ -278,15 +278,15 @@ SPECIALIZATIONS = [
         "label": f"{leaves},depth={depth},stratified={int(stratified)},BLOCK_L={block_l},HAS_DONE={int(has_done)},"
                  f"HAS_TERMINATED={int(has_term)}",
         "signature": {"leaves_ptr": f"*{leaves}", "sums_ptr": "*fp64", "mins_ptr": "*fp64", "offsets_ptr": "*i64",
-                      "uniform_ptr": "*fp64", "flags_ptr": "*i32", "held_min_ptr": "*fp64", "done_ptr": "*i1",
-                      "terminated_ptr": "*i1", "rows_ptr": "*i64", "marks_ptr": "*i1", "weights_ptr": f"*{leaves}",
+                      "uniform_ptr": "*fp64", "flags_ptr": "*i32", "held_min_ptr": "*fp64", "done_ptr": "*u1",
+                      "terminated_ptr": "*u1", "rows_ptr": "*i64", "marks_ptr": "*u1", "weights_ptr": f"*{leaves}",
                       "num_slices": "i32", "capacity": "i64", "seq_length": "i32", "beta": "fp64"},
         "constexprs": {"DEPTH": depth, "FANOUT": 32, "STRATIFIED": stratified, "BLOCK": _tree_block(block_l),
                        "BLOCK_L": block_l, "HAS_DONE": has_done, "HAS_TERMINATED": has_term, "LIBDEVICE": True},
         "num_warps": SLICE_WINDOWS["num_warps"],
     }
     for leaves in ("fp32", "fp64")
-    for depth in (4, 5)
+    for depth in (3, 4, 5)
     for stratified in (False, True)
     for block_l in (32, 64)
     for has_done, has_term in ((False, False), (True, True))

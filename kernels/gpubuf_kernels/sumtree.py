@@ -549,13 +549,15 @@ def _leaf_types(leaves: str) -> tuple[str, str]:
 #: What the launchers compile (the AOT compile check reads this): fp32 and fp64 leaves; the claim
 #: with one priority per entry, one for all and new items' (the running maximum); the write as the
 #: update's last launch (rebuilding the top, 3 levels at 1M leaves) or not; the refresh of a further
-#: level; the draw at depth 4 (up to 1M leaves at fan-out 32) and 5, i.i.d. and stratified, with
-#: and without weights. Indices int64, priorities float32.
+#: level; the draw at depth 3 (up to 32K leaves at fan-out 32), 4 (1M) and 5, i.i.d. and
+#: stratified, with and without weights. Indices int64, priorities float32 or float64. The types
+#: are the ones Triton's JIT gives the launchers' arguments (``tests/kernels/test_launched_kernels.py``
+#: records the launches of the device path and checks them against this table).
 SPECIALIZATIONS = [
     {
         "kernel": "_sumtree_claim_kernel",
-        "label": f"{leaves},{kind}",
-        "signature": {"leaf_bits_ptr": _leaf_types(leaves)[1], "index_ptr": "*i64", "priority_ptr": "*fp32",
+        "label": f"{leaves},{kind},priorities={priorities}",
+        "signature": {"leaf_bits_ptr": _leaf_types(leaves)[1], "index_ptr": "*i64", "priority_ptr": f"*{priorities}",
                       "value_ptr": _leaf_types(leaves)[0], "max_bits_ptr": "*i64", "flags_ptr": "*i32", "n": "i32",
                       "limit": "i64", "alpha": "fp64", "eps": "fp64"},
         "constexprs": {"ONE_PRIORITY": kind == "one", "FROM_MAX": kind == "new", "TRACK_MAX": True, "ALPHA_ZERO": False,
@@ -564,6 +566,7 @@ SPECIALIZATIONS = [
     }
     for leaves in ("fp32", "fp64")
     for kind in ("each", "one", "new")
+    for priorities in ("fp32", "fp64")
 ] + [
     {
         "kernel": "_sumtree_write_kernel",
@@ -600,7 +603,7 @@ SPECIALIZATIONS = [
         "num_warps": SUMTREE["num_warps"],
     }
     for leaves in ("fp32", "fp64")
-    for depth in (4, 5)
+    for depth in (3, 4, 5)
     for stratified in (False, True)
     for weights in (False, True)
 ]

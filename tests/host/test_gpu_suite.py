@@ -40,7 +40,12 @@ def test_git_sha_falls_back_to_the_named_commit_where_git_cannot_tell(monkeypatc
     assert environment.git_sha() == "0123abcd"
 
 
-@pytest.mark.skipif(environment.git_sha() is None, reason="not a git checkout")
-def test_git_sha_prefers_git_to_the_variable(monkeypatch):
+def test_the_named_commit_wins_over_git(monkeypatch):
+    """A copy sent to a GPU machine can carry a ``.git`` older than its files: the commit named by
+    whoever sent it is the one measured."""
+    monkeypatch.delenv(environment.GIT_SHA_VARIABLE, raising=False)
+    from_git = environment.git_sha()
     monkeypatch.setenv(environment.GIT_SHA_VARIABLE, "0123abcd")
-    assert environment.git_sha() != "0123abcd"
+    assert environment.git_sha() == "0123abcd"
+    monkeypatch.delenv(environment.GIT_SHA_VARIABLE)
+    assert environment.git_sha() == from_git

@@ -72,12 +72,15 @@ GIT_SHA_VARIABLE = "GPUBUF_GIT_SHA"
 def git_sha() -> str | None:
     """The commit of the gpubuf checkout this code runs from (``-dirty`` when modified).
 
-    Where git cannot tell (a copy without ``.git``, git missing, an installed wheel), the value
-    of ``GPUBUF_GIT_SHA`` if set, else None.
+    ``GPUBUF_GIT_SHA``, when set, wins: a copy sent to another machine may carry no ``.git``, or
+    one older than its files. Otherwise git's answer, or None where git cannot tell (git
+    missing, an installed wheel).
     """
     import os
 
     told = os.environ.get(GIT_SHA_VARIABLE) or None
+    if told is not None:
+        return told
     root = Path(__file__).resolve().parents[2]
     try:
         sha = subprocess.run(
