@@ -226,7 +226,7 @@ def device_here(name: str) -> torch.device:
         device = torch.device(name)
     except (RuntimeError, TypeError):
         raise CheckpointCorruptError(f"invalid device {name!r}") from None
-    if device.type == "cpu" or exists_here(device):
+    if exists_here(device):
         return device
     import warnings
 

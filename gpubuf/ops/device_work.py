@@ -118,9 +118,9 @@ class DeviceWork:
         )
 
     # The counting hooks.
-    def _triton(self, name: str) -> None:
+    def _triton(self, kernel: Any, args: tuple, kwargs: dict) -> None:
         self.triton_launches += 1
-        self.kernels[f"triton:{name}"] += 1
+        self.kernels[f"triton:{_launch.kernel_name(kernel)}"] += 1
 
     def _sync(self, what: str) -> None:
         self.host_syncs += 1

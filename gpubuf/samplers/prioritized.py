@@ -286,7 +286,6 @@ class PrioritizedSampler(Sampler):
     def _bind(self, storage: Any) -> None:
         """Remembers ``storage`` and, without an explicit device, moves the tree to the storage's."""
         if storage is None:
-            self._fit_fanout()
             return
         device_attr = storage.device
         if storage is self._storage and device_attr is self._bound_device_attr and self._backend is self._bound_backend:

@@ -131,7 +131,7 @@ def launched_specialization(kernel: Any, args: tuple, kwargs: dict) -> dict[str,
     fn = getattr(kernel, "fn", kernel)
     params = inspect.signature(fn).parameters
     options = {k: v for k, v in kwargs.items() if k in _LAUNCH_OPTIONS}
-    bound = inspect.signature(fn).bind(*args, **{k: v for k, v in kwargs.items() if k not in _LAUNCH_OPTIONS})
+    bound = inspect.Signature(list(params.values())).bind(*args, **{k: v for k, v in kwargs.items() if k not in _LAUNCH_OPTIONS})
     bound.apply_defaults()
     signature, constexprs = {}, {}
     for number, (name, param) in enumerate(params.items()):
@@ -190,11 +190,11 @@ def launched() -> Iterator[list[tuple[str, dict[str, Any]]]]:
         module = getattr(kernel, "fn", kernel).__module__.rsplit(".", 1)[-1]
         found.append((module, launched_specialization(kernel, args, kwargs)))
 
-    _launch.add_launch_recorder(record)
+    _launch.add_launch_listener(record)
     try:
         yield found
     finally:
-        _launch.remove_launch_recorder(record)
+        _launch.remove_launch_listener(record)
 
 
 def unlisted_kernels() -> list[str]:
@@ -296,7 +296,7 @@ def problems(rows: Sequence[Compiled], missing: Sequence[str] = ()) -> list[str]
         if r.error:
             found.append(f"{what}: {r.error}")
             continue
-        if (r.spill_stores or 0) > SPILL_TOLERANCE_BYTES or (r.spill_loads or 0) > SPILL_TOLERANCE_BYTES:
+        if max(r.spill_stores or 0, r.spill_loads or 0, r.local_bytes or 0) > SPILL_TOLERANCE_BYTES:
             found.append(f"{what}: spills ({r.spill_stores} B stored, {r.spill_loads} B loaded, {r.local_bytes} B local)")
         if r.module in _GATHER_MODULES and (r.registers or 0) > GATHER_MAX_REGISTERS:
             found.append(f"{what}: {r.registers} registers, above {GATHER_MAX_REGISTERS}")

@@ -18,32 +18,21 @@ from typing import Any, Callable, ContextManager, Iterator
 
 import torch
 
-_listeners: list[Callable[[str], None]] = []
-_recorders: list[Callable[[Any, tuple, dict], None]] = []
+_listeners: list[Callable[[Any, tuple, dict], None]] = []
 _state = threading.local()
 
 
-def add_launch_listener(listener: Callable[[str], None]) -> None:
-    """Calls ``listener(kernel_name)`` before every Triton launch made through :func:`launch`."""
+def add_launch_listener(listener: Callable[[Any, tuple, dict], None]) -> None:
+    """Calls ``listener(kernel, args, kwargs)`` before every Triton launch made through :func:`launch`.
+
+    What the launchers really pass: a counter of device work reads the kernel's name
+    (:func:`kernel_name`), the compile check the argument types Triton's JIT gives them on a GPU
+    (``gpubuf.tools.aot.launched``).
+    """
     _listeners.append(listener)
 
 
-def add_launch_recorder(recorder: Callable[[Any, tuple, dict], None]) -> None:
-    """Calls ``recorder(kernel, args, kwargs)`` before every launch made through :func:`launch`.
-
-    What the launchers really pass, for checking that the kernels compile for a GPU with the
-    argument types Triton's JIT gives them there (``gpubuf.tools.aot.launched``).
-    """
-    _recorders.append(recorder)
-
-
-def remove_launch_recorder(recorder: Callable[[Any, tuple, dict], None]) -> None:
-    """Stops calling ``recorder``; one that was never added is ignored."""
-    with contextlib.suppress(ValueError):
-        _recorders.remove(recorder)
-
-
-def remove_launch_listener(listener: Callable[[str], None]) -> None:
+def remove_launch_listener(listener: Callable[[Any, tuple, dict], None]) -> None:
     """Stops calling ``listener``; a listener that was never added is ignored."""
     with contextlib.suppress(ValueError):
         _listeners.remove(listener)
@@ -92,13 +81,10 @@ def launch(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> Any:
     """
     if getattr(_state, "skip", 0):
         return None
-    if not _listeners and not _recorders:
+    if not _listeners:
         return kernel[grid](*args, **kwargs)
-    for recorder in tuple(_recorders):
-        recorder(kernel, args, kwargs)
-    name = kernel_name(kernel)
     for listener in tuple(_listeners):
-        listener(name)
+        listener(kernel, args, kwargs)
     _state.depth = getattr(_state, "depth", 0) + 1
     try:
         return kernel[grid](*args, **kwargs)

@@ -461,6 +461,33 @@ def test_checkpoint_from_a_gpu_machine_loads_on_the_cpu(tmp_path):
     assert fresh.storage._leaves[0].device.type == "cpu" and torch.equal(fresh[:6], torch.arange(6.0))
 
 
+
+def test_a_cuda_index_the_machine_lacks_counts_as_missing(tmp_path, monkeypatch):
+    """On a machine with one GPU, a checkpoint written on ``cuda:7`` loads on the CPU with the
+    warning (its generator state included), the way it does on a machine without CUDA."""
+    from gpubuf.checkpoint import CheckpointWarning
+    from gpubuf.checkpoint.values import exists_here
+
+    rb = ReplayBuffer(storage=LazyTensorStorage(8, device="auto"), batch_size=2,
+                      generator=torch.Generator().manual_seed(0))
+    rb.extend(torch.arange(6.0))
+    rb.dumps(tmp_path / "c")
+    meta_path = tmp_path / "c" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["components"]["storage"]["state"]["device"] = "cuda:7"
+    meta["buffer"]["rng"]["device"] = "cuda:7"
+    meta_path.write_text(json.dumps(seal_meta(meta)))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert exists_here(torch.device("cuda:0")) and exists_here(torch.device("cuda"))
+    assert not exists_here(torch.device("cuda:7"))
+    fresh = ReplayBuffer(storage=LazyTensorStorage(8, device="auto"), batch_size=2)
+    with pytest.warns(CheckpointWarning) as caught:
+        fresh.loads(tmp_path / "c")
+    messages = " ".join(str(w.message) for w in caught)
+    assert "generator on cuda:7" in messages and "CPU" in messages
+    assert fresh.storage._leaves[0].device.type == "cpu" and torch.equal(fresh[:6], torch.arange(6.0))
+
 @pytest.mark.gpu
 def test_cuda_storage_and_tree_round_trip(tmp_path):
     rb = ReplayBuffer(storage=LazyTensorStorage(64, device="cuda"), batch_size=8,

@@ -152,10 +152,14 @@ def test_host_only_skips_the_launches_and_the_counts_tool_times_the_host_work():
     tool uses it to time the forced device path's host work alone."""
     from gpubuf.ops.gather_rows import gather_rows
     from gpubuf.tools.counts import count_workloads
-    from gpubuf_kernels._launch import add_launch_listener, host_only, remove_launch_listener
+    from gpubuf_kernels._launch import add_launch_listener, host_only, kernel_name, remove_launch_listener
 
     heard: list[str] = []
-    add_launch_listener(heard.append)
+
+    def listener(kernel, args, kwargs):
+        heard.append(kernel_name(kernel))
+
+    add_launch_listener(listener)
     try:
         src, index = torch.arange(40.0).view(20, 2), torch.tensor([3, 7])
         with host_only():
@@ -164,7 +168,7 @@ def test_host_only_skips_the_launches_and_the_counts_tool_times_the_host_work():
         assert torch.equal(gather_rows([src], index, backend="triton")[0], src[index])
         assert heard == ["_gather_rows_kernel"]
     finally:
-        remove_launch_listener(heard.append)
+        remove_launch_listener(listener)
     (result,) = count_workloads(torch.device("cpu"), rows=400, batches=[64], backend="triton",
                                 workloads=["slice-sample"], host_calls=3)
     assert result["launches"] == 3 and result["host_us"] > 0 and result["kernels_run"] is False
