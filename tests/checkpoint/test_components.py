@@ -439,54 +439,52 @@ def test_progress_follows_the_terminal(monkeypatch):
 
 
 # ---------------------------------------------------------------------- devices
-def test_checkpoint_from_a_gpu_machine_loads_on_the_cpu(tmp_path):
-    from gpubuf.checkpoint import CheckpointWarning
-
+def _written_on_cuda_7(path: Path) -> None:
+    """A checkpoint of six rows and a generator, as a machine whose buffer lived on ``cuda:7`` wrote it."""
     rb = ReplayBuffer(storage=LazyTensorStorage(8, device="auto"), batch_size=2,
                       generator=torch.Generator().manual_seed(0))
     rb.extend(torch.arange(6.0))
-    rb.dumps(tmp_path / "c")
-    meta_path = tmp_path / "c" / "meta.json"
+    rb.dumps(path)
+    meta_path = path / "meta.json"
     meta = json.loads(meta_path.read_text())
     meta["components"]["storage"]["state"]["device"] = "cuda:7"
     meta["buffer"]["rng"]["device"] = "cuda:7"
-    meta_path.write_text(json.dumps(seal_meta(meta)))  # a checkpoint as that machine wrote it
-    if torch.cuda.device_count() > 7:
-        pytest.skip("this machine has a cuda:7")
+    meta_path.write_text(json.dumps(seal_meta(meta)))
+
+
+def _loaded_on_the_cpu(path: Path) -> str:
+    """Loads ``path`` into a fresh buffer, which must warn and hold the six rows on the CPU;
+    returns the warnings' text."""
+    from gpubuf.checkpoint import CheckpointWarning
+
     fresh = ReplayBuffer(storage=LazyTensorStorage(8, device="auto"), batch_size=2)
     with pytest.warns(CheckpointWarning) as caught:
-        fresh.loads(tmp_path / "c")
-    messages = " ".join(str(w.message) for w in caught)
-    assert "cuda:7" in messages and "CPU" in messages
+        fresh.loads(path)
     assert fresh.storage._leaves[0].device.type == "cpu" and torch.equal(fresh[:6], torch.arange(6.0))
+    return " ".join(str(w.message) for w in caught)
 
+
+def test_checkpoint_from_a_gpu_machine_loads_on_the_cpu(tmp_path):
+    _written_on_cuda_7(tmp_path / "c")
+    if torch.cuda.device_count() > 7:
+        pytest.skip("this machine has a cuda:7")
+    messages = _loaded_on_the_cpu(tmp_path / "c")
+    assert "cuda:7" in messages and "CPU" in messages
 
 
 def test_a_cuda_index_the_machine_lacks_counts_as_missing(tmp_path, monkeypatch):
     """On a machine with one GPU, a checkpoint written on ``cuda:7`` loads on the CPU with the
     warning (its generator state included), the way it does on a machine without CUDA."""
-    from gpubuf.checkpoint import CheckpointWarning
     from gpubuf.checkpoint.values import exists_here
 
-    rb = ReplayBuffer(storage=LazyTensorStorage(8, device="auto"), batch_size=2,
-                      generator=torch.Generator().manual_seed(0))
-    rb.extend(torch.arange(6.0))
-    rb.dumps(tmp_path / "c")
-    meta_path = tmp_path / "c" / "meta.json"
-    meta = json.loads(meta_path.read_text())
-    meta["components"]["storage"]["state"]["device"] = "cuda:7"
-    meta["buffer"]["rng"]["device"] = "cuda:7"
-    meta_path.write_text(json.dumps(seal_meta(meta)))
+    _written_on_cuda_7(tmp_path / "c")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert exists_here(torch.device("cuda:0")) and exists_here(torch.device("cuda"))
     assert not exists_here(torch.device("cuda:7"))
-    fresh = ReplayBuffer(storage=LazyTensorStorage(8, device="auto"), batch_size=2)
-    with pytest.warns(CheckpointWarning) as caught:
-        fresh.loads(tmp_path / "c")
-    messages = " ".join(str(w.message) for w in caught)
+    messages = _loaded_on_the_cpu(tmp_path / "c")
     assert "generator on cuda:7" in messages and "CPU" in messages
-    assert fresh.storage._leaves[0].device.type == "cpu" and torch.equal(fresh[:6], torch.arange(6.0))
+
 
 @pytest.mark.gpu
 def test_cuda_storage_and_tree_round_trip(tmp_path):
