@@ -246,6 +246,33 @@ def test_compiled_gather_copies_every_dtype_and_width(gen, index_dtype):
     assert empty is not None and [e.shape for e in empty] == [(0, *s.shape[1:]) for s in sources]
 
 
+def _runs(starts_and_lengths):
+    return torch.cat([torch.arange(start, start + length) for start, length in starts_and_lengths])
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        _runs([(start, 32) for start in (5, 400, 40, 460, 37)]),  # slices, one overlapping another
+        _runs([(0, 500)]),  # one run: the whole storage
+        _runs([(499, 1), (0, 3), (7, 1), (10, 2), (3, 1), (480, 20)]),  # runs and singles, both ends
+        _runs([(2, 2), (9, 2), (30, 2), (1, 1)]),  # 4 runs of 7 rows: 2 * runs > n, the row loop
+        _runs([(2, 2), (9, 2), (30, 2), (1, 2)]),  # 4 runs of 8 rows: 2 * runs == n, the run loop
+        torch.tensor([4, 4, 5, 5, 6, 3, 2, 1]),  # repeats and descending rows: no run longer than 2
+        _runs([(start, 3) for start in range(0, 400, 7)]),  # more runs than the prefetch distance
+    ],
+    ids=["slices", "whole", "mixed", "row-loop", "run-loop", "repeats", "many-runs"],
+)
+def test_compiled_gather_copies_runs_of_consecutive_rows(gen, index):
+    """Indices made of runs (trajectory slices) take the run copy, scattered ones the row copy;
+    both give every field's rows exactly, wide and narrow fields alike."""
+    pytest.importorskip("numba")
+    sources = [_source(500, trail, dtype, gen) for dtype, trail in
+               ((torch.float32, (4,)), (torch.int64, ()), (torch.bool, (1,)), (torch.uint8, (70, 3)))]
+    got = _module()._gather_compiled(sources, index, None)
+    assert got is not None and all(torch.equal(g, w) for g, w in zip(got, _brute_force(sources, index)))
+
+
 def test_compiled_gather_reads_memory_mapped_rows(gen, tmp_path):
     pytest.importorskip("numba")
     import numpy as np

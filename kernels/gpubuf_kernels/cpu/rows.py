@@ -9,11 +9,18 @@ side by side on 1M rows of 277 B in five fields, cold rows: 256 rows in 0.65 tim
 five ``index_select`` calls, 512 to 4,096 rows in 0.6 to 0.65. Large batches are bound by write
 bandwidth, where ``index_select``'s two threads win: the caller sends them there.)
 
-Consecutive rows (a trajectory slice) are copied as one block. The fields differ in dtype and
-row width, so the kernel takes them as raw addresses, bytes and widths: one compiled function
-for any schema, and no per-field array to convert per call. The caller passes contiguous tensors
-and keeps them alive for the call; every index is checked against the row count before the
-first copy.
+An index made of runs of consecutive rows (trajectory slices) is copied run by run, each run one
+block, with the whole extent of the run :data:`PREFETCH_AHEAD` runs on prefetched: a run's first
+line alone leaves the rest of it to the processor's stream detector, which starts too late for
+runs of a few lines. (Measured against the row-wise loop that listed runs as it copied, 1M rows,
+32-row slices, caches flushed between calls: fields of 16, 8 and 1 B, 1,024 rows in 24 against 48
+us, 4,096 in 49 against 126 us; five fields of 277 B, 1,024 rows in 73 against 99 us.) Scattered
+rows take a plain row loop, which no run test slows: 0.85 to 0.9 times that loop's time.
+
+The fields differ in dtype and row width, so the kernel takes them as raw addresses, bytes and
+widths: one compiled function for any schema, and no per-field array to convert per call. The
+caller passes contiguous tensors and keeps them alive for the call; every index is checked
+against the row count before the first copy.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from numba.extending import intrinsic
 
 from gpubuf_kernels.cpu.prefetch import LINE_BYTES, prefetch_line
 
-#: Rows ahead of the copy whose lines are prefetched (16 to 64 measured the same).
+#: Rows (runs, for an index of runs) ahead of the copy whose lines are prefetched (16 to 64 measured the same).
 PREFETCH_AHEAD = 16
 
 
@@ -80,9 +87,35 @@ def gather_rows(sources, widths, rows, outputs, index_address, batch):  # pragma
     """
     n = batch
     index = carray(_int64s_at(index_address), n)
+    runs = 0
     for b in range(n):
         if not (0 <= index[b] < rows):
             return False
+        if b == 0 or index[b] != index[b - 1] + 1:
+            runs += 1
+    if 2 * runs > n:
+        _copy_rows(sources, widths, rows, outputs, index, n)
+    else:
+        _copy_runs(sources, widths, rows, outputs, index, n, _run_starts(index, n, runs))
+    return True
+
+
+@njit(inline="always")
+def _run_starts(index, n, runs):  # pragma: no cover - compiled
+    """int64 ``[runs + 1]``: where each run of consecutive rows starts in ``index``, then ``n``."""
+    starts = np.empty(runs + 1, np.int64)
+    r = 0
+    for b in range(n):
+        if b == 0 or index[b] != index[b - 1] + 1:
+            starts[r] = b
+            r += 1
+    starts[runs] = n
+    return starts
+
+
+@njit(inline="always")
+def _copy_rows(sources, widths, rows, outputs, index, n):  # pragma: no cover - compiled
+    """The copy of scattered rows: row by row, each row :data:`PREFETCH_AHEAD` places on prefetched."""
     for j in range(sources.shape[0]):
         width = np.uint64(widths[j])
         base = np.uint64(sources[j])
@@ -90,21 +123,36 @@ def gather_rows(sources, widths, rows, outputs, index_address, batch):  # pragma
         dst = carray(_bytes_at(outputs[j]), np.uint64(n) * width)
         for b in range(min(PREFETCH_AHEAD, n)):
             _prefetch_row(base + np.uint64(index[b]) * width, width)
-        b = 0
-        while b < n:
-            # A run of consecutive rows (a trajectory slice) is one block copy; a row that starts
-            # a run PREFETCH_AHEAD places on is prefetched (the processor streams the rest).
-            end = b + 1
-            while end < n and index[end] == index[end - 1] + 1:
-                end += 1
-            for ahead in range(b + PREFETCH_AHEAD, min(end + PREFETCH_AHEAD, n)):
-                if index[ahead] != index[ahead - 1] + 1:
-                    _prefetch_row(base + np.uint64(index[ahead]) * width, width)
+        for b in range(n):
+            if b + PREFETCH_AHEAD < n:
+                _prefetch_row(base + np.uint64(index[b + PREFETCH_AHEAD]) * width, width)
             # Unsigned positions: a signed one makes Numba test it for wraparound, and that test
             # keeps LLVM from vectorising the copy.
             s = np.uint64(index[b]) * width
             d = np.uint64(b) * width
-            for x in range(np.uint64(end - b) * width):
+            for x in range(width):
                 dst[d + x] = src[s + x]
-            b = end
-    return True
+
+
+@njit(inline="always")
+def _copy_runs(sources, widths, rows, outputs, index, n, starts):  # pragma: no cover - compiled
+    """The copy of runs of consecutive rows (``starts`` from :func:`_run_starts`): one block per
+    run, the whole run :data:`PREFETCH_AHEAD` runs on prefetched."""
+    runs = starts.shape[0] - 1
+    for j in range(sources.shape[0]):
+        width = np.uint64(widths[j])
+        base = np.uint64(sources[j])
+        src = carray(_bytes_at(sources[j]), np.uint64(rows) * width)
+        dst = carray(_bytes_at(outputs[j]), np.uint64(n) * width)
+        for k in range(min(PREFETCH_AHEAD, runs)):
+            _prefetch_row(base + np.uint64(index[starts[k]]) * width, np.uint64(starts[k + 1] - starts[k]) * width)
+        for k in range(runs):
+            ahead = k + PREFETCH_AHEAD
+            if ahead < runs:
+                first = starts[ahead]
+                _prefetch_row(base + np.uint64(index[first]) * width, np.uint64(starts[ahead + 1] - first) * width)
+            b = starts[k]
+            s = np.uint64(index[b]) * width
+            d = np.uint64(b) * width
+            for x in range(np.uint64(starts[k + 1] - b) * width):
+                dst[d + x] = src[s + x]
