@@ -7,9 +7,11 @@ checkpoint tests import ``ckpt_helpers`` from their own folder.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from tensordict import TensorDict
 
+from gpubuf.ops import _dispatch
 from gpubuf.samplers._episodes import EpisodeIndex
 
 # Every real dtype a row gather must copy bit for bit, one to eight bytes wide.
@@ -27,6 +29,13 @@ DTYPES = [
 ]
 
 TED_ROW_BYTES = 292
+
+
+def switch_numba(monkeypatch: pytest.MonkeyPatch, *, on: bool) -> None:
+    """What ``GPUBUF_NUMBA`` (``"0"`` unless ``on``) gives a process that starts with it: the
+    compiled CPU kernels under ``backend="auto"``, or the twins; undone with ``monkeypatch``."""
+    monkeypatch.setenv("GPUBUF_NUMBA", "1" if on else "0")
+    monkeypatch.setattr(_dispatch, "NUMBA_SWITCHED_OFF", not on)
 
 
 def ted_rows(n: int, start: int = 0) -> TensorDict:

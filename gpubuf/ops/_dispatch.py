@@ -7,8 +7,8 @@ two kernels, listed in :data:`KERNELS` by ``(op, device type)``: a Triton launch
 Dispatch follows the tensor, never the machine:
 
 - ``backend="auto"``: a CUDA tensor takes the op's ``"cuda"`` kernel, a CPU tensor its ``"cpu"``
-  kernel where Numba imports and ``GPUBUF_NUMBA`` is not ``0``; otherwise the twin runs. It
-  never warns and never raises for lack of a kernel.
+  kernel where Numba imports and ``GPUBUF_NUMBA`` is not ``0`` (read when gpubuf is imported);
+  otherwise the twin runs. It never warns and never raises for lack of a kernel.
 - ``backend="triton"``: the ``"cuda"`` kernel, for CUDA tensors or, under Triton's interpreter
   (``TRITON_INTERPRET=1``), CPU tensors. This is how tests force the whole device path (a
   buffer, its storage and its sampler built with ``backend="triton"``) onto CPU tensors.
@@ -30,6 +30,7 @@ from typing import Any, Callable
 import torch
 
 from gpubuf.errors import BackendUnavailableError
+from gpubuf_kernels._launch import interpreter_enabled
 
 BACKENDS = ("auto", "torch", "triton", "numba")
 
@@ -64,11 +65,6 @@ KERNELS: dict[tuple[str, str], str] = {
 _KERNEL_BACKEND = {"cuda": "triton", "cpu": "numba"}
 
 
-def interpreter_enabled() -> bool:
-    """True when Triton kernels run through the CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 @functools.lru_cache(maxsize=None)
 def _triton_importable() -> bool:
     try:
@@ -88,9 +84,15 @@ def numba_importable() -> bool:
     return True
 
 
+#: ``GPUBUF_NUMBA=0``: ``"auto"`` keeps the twins on CPU tensors (a plain install's paths). Read
+#: once, when gpubuf is imported: a read of ``os.environ`` at every dispatch cost about 3 us, a
+#: twentieth of a small sample.
+NUMBA_SWITCHED_OFF = os.environ.get("GPUBUF_NUMBA") == "0"
+
+
 def numba_enabled() -> bool:
-    """True when ``"auto"`` may pick the CPU kernels: Numba imports and ``GPUBUF_NUMBA`` is not ``0``."""
-    return os.environ.get("GPUBUF_NUMBA") != "0" and numba_importable()
+    """True when ``"auto"`` may pick the CPU kernels: Numba imports and :data:`NUMBA_SWITCHED_OFF` is False."""
+    return not NUMBA_SWITCHED_OFF and numba_importable()
 
 
 def has_kernel(op: str, device_type: str) -> bool:

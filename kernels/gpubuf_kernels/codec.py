@@ -31,14 +31,11 @@ row but never a read or write out of bounds; the launcher raises
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from gpubuf_kernels._launch import cdiv, launch
+from gpubuf_kernels._launch import cdiv, check_launch_device, device_guard, launch
 
 __all__ = ["decode_rows_triton", "DECODE_ROWS", "SPECIALIZATIONS"]
 
@@ -303,9 +300,6 @@ def _decode_lines_kernel(
     tl.store(runs_bad_ptr + b * n_chunks + chunk, bad)
 
 
-def _interpreter_enabled() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
 #: What the launcher compiles (the AOT compile check reads this): the line table with and
 #: without reference rows and verification, and the decode.
 SPECIALIZATIONS = [
@@ -360,8 +354,7 @@ def decode_rows_triton(table, index: torch.Tensor, out: torch.Tensor, *, verify:
     """
     g = table.geometry
     device = table.arena.device
-    if device.type != "cuda" and not (device.type == "cpu" and _interpreter_enabled()):
-        raise ValueError(f"decode_rows_triton runs on CUDA tensors (or CPU with TRITON_INTERPRET=1), got {device}")
+    check_launch_device(device, "decode_rows_triton")
     for t in (table.offsets, table.lengths, table.checksums, index, out) + ((table.refs,) if table.refs is not None else ()):
         if t.device != device:
             raise ValueError(f"all tensors must be on {device}, got one on {t.device}")
@@ -389,7 +382,7 @@ def decode_rows_triton(table, index: torch.Tensor, out: torch.Tensor, *, verify:
     n_chunks = cdiv(L, cfg["LINES"])
     runs_bad = torch.zeros(B, n_chunks, dtype=torch.int32, device=device)
     out_bytes = out.view(torch.uint8).view(B, -1)
-    guard = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    guard = device_guard(device)
     with guard:
         launch(
             _line_table_kernel, (2 * B,),

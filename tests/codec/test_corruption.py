@@ -15,6 +15,7 @@ from gpubuf.codec.checksum import as_int32, as_uint32, resuffix
 from gpubuf.codec.errors import CorruptRowError
 from gpubuf.errors import GpubufError
 from gpubuf.ops.decode_rows import RowTable, decode_rows, decode_rows_ref
+from helpers import switch_numba
 
 
 def _rows(n=6):
@@ -145,7 +146,7 @@ def test_reference_rows(cpu_backend):
 
 @pytest.mark.parametrize("kind", ["tensor", "frames"])
 def test_storage_raises_on_corrupt_rows_and_stays_usable(kind, atari, cpu_backend, monkeypatch):
-    monkeypatch.setenv("GPUBUF_NUMBA", "1" if cpu_backend == "numba" else "0")
+    switch_numba(monkeypatch, on=cpu_backend == "numba")
     from gpubuf.ops.match_frames import transition_indices
     from gpubuf.storages.codec_storage import CompressedTensorStorage
     from gpubuf.storages.frame_stack import FrameStackStorage

@@ -16,6 +16,7 @@ from gpubuf.ops.encode_rows import encode_planes, encode_planes_at
 from gpubuf.codec.format import RowGeometry
 from gpubuf.ops.match_frames import transition_indices
 from gpubuf.storages.frame_stack import FrameStackStorage
+from helpers import switch_numba
 
 pytest.importorskip("numba")
 
@@ -98,7 +99,7 @@ def _both(monkeypatch, fill) -> None:
     """Fills a storage through the torch steps and through the compiled path; they must be identical."""
     storages = {}
     for env in ("0", "1"):
-        monkeypatch.setenv("GPUBUF_NUMBA", env)
+        switch_numba(monkeypatch, on=env == "1")
         storages[env] = fill()
     _assert_identical(storages["0"], storages["1"])
 
@@ -146,7 +147,7 @@ def test_set_identical_on_atari(atari, monkeypatch):
 
 def test_reads_back_after_compiled_writes(atari, monkeypatch):
     """What the compiled path stored decodes to the written rows."""
-    monkeypatch.setenv("GPUBUF_NUMBA", "1")
+    switch_numba(monkeypatch, on=True)
     data = _transitions(atari, nested=False)
     storage = FrameStackStorage(len(data), stack_keys=["obs", "next_obs"])
     for first in range(0, len(data), 40):
@@ -201,7 +202,7 @@ def test_a_fill_passes_the_compiled_encoder_one_set_of_argument_types(atari, mon
     numba = pytest.importorskip("numba")
     from gpubuf.ops._dispatch import kernel_module
 
-    monkeypatch.setenv("GPUBUF_NUMBA", "1")
+    switch_numba(monkeypatch, on=True)
     kernels = kernel_module("cpu.encoder")
     real = kernels.encode_rows_at
     types, earlier_keys = set(), set()

@@ -10,6 +10,7 @@ from tensordict import TensorDict
 
 from gpubuf.ops.match_frames import match_frames, transition_indices
 from gpubuf.storages.frame_stack import FrameStackStorage
+from helpers import switch_numba
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="numba not installed")
 
@@ -135,7 +136,7 @@ def test_storage_identical_through_both_paths(atari, monkeypatch):
     )
     storages = {}
     for env in ("0", "1"):
-        monkeypatch.setenv("GPUBUF_NUMBA", env)
+        switch_numba(monkeypatch, on=env == "1")
         storage = FrameStackStorage(90, key_interval=3)
         for first in range(0, n, 23):  # wraps around the capacity, so frames are compacted too
             part = data[first : first + 23]

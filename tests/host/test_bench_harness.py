@@ -18,6 +18,7 @@ from gpubuf.tools.bench.harness import run_benchmark
 from gpubuf.tools.bench.timing import measure_round_robin
 from gpubuf.tools.bench.workloads import PRB, RB, ROW_BYTES, TDPRB, TDRB, OpSpec, make_transitions
 from gpubuf.tools.cli import main
+from helpers import switch_numba
 
 TINY = BenchConfig(
     name="tiny",
@@ -73,7 +74,7 @@ def test_meta_records_the_cpu_tree_path_and_torchrl_extension(result, monkeypatc
     meta = result["meta"]
     assert meta["cpu_kernels"] == "numba"  # the test extra installs Numba
     assert meta["torchrl_extension"] in ("shipped", "rebuilt")
-    monkeypatch.setenv("GPUBUF_NUMBA", "0")
+    switch_numba(monkeypatch, on=False)
     assert environment.collect(__import__("torch").device("cpu"))["cpu_kernels"] == "torch"
     # A package directory holding the shipped binary's backup reads as rebuilt.
     (tmp_path / "_torchrl.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")

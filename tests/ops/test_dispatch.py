@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -11,6 +15,7 @@ from gpubuf.ops._dispatch import KERNELS, check_backend, device_path, implementa
 from gpubuf.ops.gather_rows import gather_rows
 from gpubuf.ops.write_rows import write_rows
 from gpubuf.ops.sumtree import SumTree, sumtree_sample, sumtree_update
+from helpers import switch_numba
 
 pytest.importorskip("numba")
 
@@ -23,10 +28,23 @@ def test_auto_picks_the_cpu_kernel_only_for_ops_that_have_one():
 
 
 def test_environment_switch_turns_the_cpu_kernels_off(monkeypatch):
-    monkeypatch.setenv("GPUBUF_NUMBA", "0")
+    switch_numba(monkeypatch, on=False)
     assert resolve_backend(torch.zeros(1), "auto", has_cpu_kernel=True) == "torch"
     # An explicit request still runs them: the switch only steers "auto".
     assert resolve_backend(torch.zeros(1), "numba", has_cpu_kernel=True) == "numba"
+
+
+@pytest.mark.parametrize(("value", "picked"), [("0", "torch"), ("1", "numba"), (None, "numba")])
+def test_the_environment_switch_is_read_when_gpubuf_is_imported(value, picked):
+    """A process started with ``GPUBUF_NUMBA=0`` keeps the twins under "auto"; any other value, or
+    none, lets the CPU kernels run."""
+    env = {k: v for k, v in os.environ.items() if k != "GPUBUF_NUMBA"}
+    if value is not None:
+        env["GPUBUF_NUMBA"] = value
+    code = ("import torch; from gpubuf.ops._dispatch import resolve_backend; "
+            "print(resolve_backend(torch.zeros(1), 'auto', has_cpu_kernel=True))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == picked
 
 
 def test_explicit_numba_where_it_cannot_run_raises():
@@ -93,7 +111,7 @@ def test_decode_rows_runs_the_chosen_cpu_path(monkeypatch):
     assert torch.equal(decode_rows(table, index, backend="torch"), rows[index])
     with pytest.raises(RuntimeError, match="cpu.codec"):
         decode_rows(table, index)
-    monkeypatch.setenv("GPUBUF_NUMBA", "0")
+    switch_numba(monkeypatch, on=False)
     assert torch.equal(decode_rows(table, index), rows[index])
 
 

@@ -7,6 +7,7 @@ import torch
 
 from gpubuf.errors import BackendUnavailableError, DeviceMismatchError, DTypeMismatchError, IndexOutOfRangeError, SchemaMismatchError
 from gpubuf.ops.gather_packed import _block_size, _gather_blocks, gather_packed, gather_packed_ref, gather_packed_trusted, packed_offsets
+from helpers import switch_numba
 
 
 @pytest.fixture
@@ -91,7 +92,7 @@ def test_compiled_cpu_path_writes_only_the_outputs_rows(gen):
 def test_trusted_entry_without_cpu_kernels_runs_the_twin(gen, monkeypatch):
     values, starts, lengths = _store(9, 8, [()], [torch.int64], gen)
     index = torch.tensor([8, 0, 4])
-    monkeypatch.setenv("GPUBUF_NUMBA", "0")
+    switch_numba(monkeypatch, on=False)
     monkeypatch.setattr("gpubuf.ops.gather_packed.kernel_module", lambda name: pytest.fail(f"loaded {name}"))
     got, _ = gather_packed_trusted(values, starts, lengths, index)
     assert torch.equal(got[0], _brute_force(values, starts, lengths, index)[0][0])

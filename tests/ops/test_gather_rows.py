@@ -13,7 +13,7 @@ from gpubuf.errors import (
     SchemaMismatchError,
 )
 from gpubuf.ops.gather_rows import gather_rows, gather_rows_ref
-from helpers import DTYPES
+from helpers import DTYPES, switch_numba
 
 
 def _brute_force(sources, index):
@@ -342,7 +342,7 @@ def test_cpu_auto_takes_the_kernel_and_torch_takes_the_twin(gen, monkeypatch):
     assert calls == [True, True]
     module.gather_rows_trusted(sources, index, backend="torch")
     gather_rows(sources, index, backend="torch")
-    monkeypatch.setenv("GPUBUF_NUMBA", "0")
+    switch_numba(monkeypatch, on=False)
     module.gather_rows_trusted(sources, index)
     assert calls == [True, True]
 
