@@ -12,6 +12,9 @@ import weakref
 from operator import is_
 from typing import Any, Callable
 
+#: ``ref()`` of a weak reference, called without a Python frame (the check runs at every sample).
+_referent = weakref.ref.__call__
+
 
 class LastByIdentity:
     """Keeps what ``make()`` returned for the last tuple of objects given, while they come back.
@@ -49,7 +52,7 @@ class LastByWeakIdentity:
     def get(self, objects: tuple, make: Callable[[], Any]) -> Any:
         """``make()`` for ``objects``, or the kept value when they are the last objects given."""
         entry = self._entry
-        if entry is not None and len(entry[0]) == len(objects) and all(ref() is obj for ref, obj in zip(entry[0], objects)):
+        if entry is not None and len(entry[0]) == len(objects) and all(map(is_, map(_referent, entry[0]), objects)):
             return entry[1]
         value = make()
         self.put(objects, value)

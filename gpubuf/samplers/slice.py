@@ -13,6 +13,7 @@ vectorized, without a host synchronisation on CUDA for the fixed-length case.
 from __future__ import annotations
 
 import numbers
+from operator import is_
 from typing import Any, Sequence
 
 import torch
@@ -785,9 +786,7 @@ class SliceSampler(Sampler):
         cache_key = (id(storage), storage._row_sources, index.capacity, index.device,
                      self.truncated_key, self.init_key)
         cached = self._flags_cache
-        if cached is not None and cached[0][0] == cache_key[0] and all(
-            a is b for a, b in zip(cached[0][1:], cache_key[1:])
-        ):
+        if cached is not None and cached[0][0] == cache_key[0] and all(map(is_, cached[0][1:], cache_key[1:])):
             return cached[1]
         flags = self._read_flag_columns(storage, index)
         self._flags_cache = (cache_key, flags)
