@@ -30,7 +30,6 @@ from typing import Any, Callable
 import torch
 
 from gpubuf.errors import BackendUnavailableError
-from gpubuf_kernels._launch import interpreter_enabled
 
 BACKENDS = ("auto", "torch", "triton", "numba")
 
@@ -63,6 +62,15 @@ KERNELS: dict[tuple[str, str], str] = {
 
 #: The backend that serves each device type's row of :data:`KERNELS`.
 _KERNEL_BACKEND = {"cuda": "triton", "cpu": "numba"}
+
+
+def interpreter_enabled() -> bool:
+    """True when Triton kernels run through the CPU interpreter (``TRITON_INTERPRET=1``).
+
+    The launchers' own check (``gpubuf_kernels._launch``) reads the same variable; it is not
+    imported from there because ``import gpubuf`` imports nothing of ``gpubuf_kernels``.
+    """
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @functools.lru_cache(maxsize=None)
