@@ -21,7 +21,8 @@
 #     gather   the gather's GB/s next to the same run's device-to-device copy bandwidth
 #     counts   launches and host syncs of sample, extend, the prioritized cycle, the three slice samplers and the two
 #              slice cycles (extend, sample, update) (B = 256, 65536),
-#              and the time a call of each takes 200 calls back to back
+#              and the time a call of each takes 200 calls back to back, and where that host time goes
+#              (gpubuf's layers, its launchers, Triton's launch path, torch: --host-profile)
 #     graph    the CUDA graph tests (capture a fixed-size sample, replay it)
 #     aot      every kernel specialisation compiled for sm_80 and sm_90: registers, spills, occupancy
 #
@@ -104,9 +105,9 @@ for stage in "$@"; do
       # (On a CPU dry run the device path goes through the interpreter: keep it small.)
       if [ "$device" = cpu ]; then
         TRITON_INTERPRET=1 python3 -m gpubuf.tools.counts --device cpu --backend triton --rows 2000 --batch 256 \
-          --host-calls 20 --json "$dir/counts.json" 2>&1 | tee "$dir/log.txt" || status=1
+          --host-calls 20 --host-profile --json "$dir/counts.json" 2>&1 | tee "$dir/log.txt" || status=1
       else
-        python3 -m gpubuf.tools.counts --device "$device" --host-calls 200 --json "$dir/counts.json" 2>&1 \
+        python3 -m gpubuf.tools.counts --device "$device" --host-calls 200 --host-profile --json "$dir/counts.json" 2>&1 \
           | tee "$dir/log.txt" || status=1
       fi
       ;;

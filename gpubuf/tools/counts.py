@@ -19,7 +19,11 @@ triton`` counts the device path through Triton's interpreter (``TRITON_INTERPRET
 ``--host-calls N`` also times N calls back to back, the device synchronised once at the end: on
 a GPU the time per call of a host that launches ahead of the device; on the interpreted path the
 host's work alone, the Triton kernels skipped (:func:`gpubuf_kernels._launch.host_only`; Triton's
-own launch cost is then not in it).
+own launch cost is then not in it). With ``--host-profile`` those calls run again under
+:mod:`cProfile`, and the host time is split by where it is spent: gpubuf's Python layers, its
+launchers (``gpubuf_kernels``), Triton's launch path, torch, tensordict, and calls into C
+(the kernels' launchers among them); the functions that cost most are listed too. On a GPU this
+says whether an eager call is bound by gpubuf's layers or by the launches.
 
 Example:
     $ python -m gpubuf.tools.counts --device cuda --json counts.json
@@ -29,6 +33,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
+import pstats
 import itertools
 import json
 import time
@@ -162,17 +168,19 @@ def count_workloads(
     workloads: Sequence[str] = tuple(WORKLOADS),
     row_kind: str = "transition",
     host_calls: int = 0,
+    host_profile: bool = False,
 ) -> list[dict[str, Any]]:
     """Counts one call of each workload at each batch size; one dict per count.
 
     Args:
         host_calls: when positive, also time that many calls (see the module docstring).
+        host_profile: with ``host_calls``, also profile that many calls (see :func:`host_profile`).
 
     Returns:
         Dicts with ``workload``, ``batch``, ``launches``, ``triton_launches``, ``torch_ops``,
         ``host_syncs``, ``host_to_device``, ``kernels`` (launches by name) and ``syncs``; with
         ``host_calls``, ``host_us`` (microseconds a call) and ``kernels_run`` (False where the
-        Triton kernels were skipped).
+        Triton kernels were skipped); with ``host_profile`` too, ``host_profile``.
     """
     results = []
     for name in workloads:
@@ -195,6 +203,8 @@ def count_workloads(
             }
             if host_calls > 0:
                 result["host_us"], result["kernels_run"] = _host_time(call, device, host_calls)
+                if host_profile:
+                    result["host_profile"] = host_profile_of(call, device, host_calls)
             results.append(result)
     return results
 
@@ -216,6 +226,59 @@ def _host_time(call: Callable[[], Any], device: torch.device, calls: int) -> tup
     return elapsed / calls * 1e6, not interpreted
 
 
+#: Where a profiled function's time is counted, by the first part of its file's path that
+#: matches (``gpubuf_kernels`` before ``gpubuf``); C functions (no file) count as ``"C calls"``.
+_PLACES = (("/gpubuf_kernels/", "gpubuf launchers"), ("/gpubuf/", "gpubuf"), ("/triton/", "triton"),
+           ("/tensordict/", "tensordict"), ("/torch/", "torch"))
+
+
+def _place(filename: str) -> str:
+    if filename == "~":
+        return "C calls"
+    for part, place in _PLACES:
+        if part in filename:
+            return place
+    return "other Python"
+
+
+def host_profile_of(call: Callable[[], Any], device: torch.device, calls: int, top: int = 12) -> dict[str, Any]:
+    """``calls`` calls under :mod:`cProfile`: where their host time goes.
+
+    Profiled times run slower than unprofiled ones (each Python call pays the profiler), so the
+    shares are what to read; the microseconds only rank.
+
+    Returns:
+        ``{"by_place": {place: share of the time}, "top": [{"function", "place", "us",
+        "calls"}, ...]}``: the time of each place (see :data:`_PLACES`) over the total, and the
+        ``top`` functions by their own time, with microseconds and calls per call of the workload.
+    """
+    interpreted = device.type != "cuda"
+    profiler = cProfile.Profile()
+    with host_only() if interpreted else contextlib.nullcontext():
+        call()
+        profiler.enable()
+        for _ in range(calls):
+            call()
+        profiler.disable()
+    if not interpreted:
+        torch.cuda.synchronize(device)
+    stats = pstats.Stats(profiler).stats
+    by_place: dict[str, float] = {}
+    functions = []
+    for (filename, line, name), (_, count, own, _, _) in stats.items():
+        place = _place(filename)
+        by_place[place] = by_place.get(place, 0.0) + own
+        where = name if filename == "~" else f"{'/'.join(filename.split('/')[-2:])}:{line}({name})"
+        functions.append((own, count, where, place))
+    total = sum(by_place.values()) or 1.0
+    functions.sort(reverse=True)
+    return {
+        "by_place": {place: own / total for place, own in sorted(by_place.items(), key=lambda kv: -kv[1])},
+        "top": [{"function": where, "place": place, "us": own / calls * 1e6, "calls": count / calls}
+                for own, count, where, place in functions[:top]],
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gpubuf.tools.counts", description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -224,12 +287,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, nargs="+", default=[256, 65_536])
     parser.add_argument("--workload", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--host-calls", type=int, default=0, help="also time this many calls of each (see above)")
+    parser.add_argument("--host-profile", action="store_true",
+                        help="with --host-calls, also profile them: where the host time goes (see above)")
     parser.add_argument("--json", default=None, help="write the counts and the environment here")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     results = count_workloads(
         device, rows=args.rows, batches=args.batch, backend=args.backend, workloads=args.workload,
-        host_calls=args.host_calls,
+        host_calls=args.host_calls, host_profile=args.host_profile,
     )
     for r in results:
         print(
@@ -240,6 +305,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             + (f"; {r['host_us']:.1f} us a call" + ("" if r["kernels_run"] else " (host only, kernels skipped)")
                if "host_us" in r else "")
         )
+        if "host_profile" in r:
+            profile = r["host_profile"]
+            print(" " * 26 + "host time: " + ", ".join(f"{place} {share:.0%}" for place, share in profile["by_place"].items()))
+            for entry in profile["top"][:6]:
+                print(" " * 30 + f"{entry['us']:7.1f} us  x{entry['calls']:<5.1f} {entry['function']} ({entry['place']})")
     if args.json:
         from gpubuf.tools.bench import environment
 

@@ -172,3 +172,21 @@ def test_host_only_skips_the_launches_and_the_counts_tool_times_the_host_work():
     (result,) = count_workloads(torch.device("cpu"), rows=400, batches=[64], backend="triton",
                                 workloads=["slice-sample"], host_calls=3)
     assert result["launches"] == 3 and result["host_us"] > 0 and result["kernels_run"] is False
+
+
+def test_the_counts_tool_splits_the_host_time_by_where_it_is_spent():
+    """``host_profile``: shares of the profiled host time by place (they add up to one), gpubuf's
+    layers and launchers among them, none in Triton when the launches are skipped; and the
+    functions that cost most, with their calls per workload call."""
+    from gpubuf.tools.counts import count_workloads
+
+    (result,) = count_workloads(torch.device("cpu"), rows=400, batches=[64], backend="triton",
+                                workloads=["sample"], host_calls=3, host_profile=True)
+    profile = result["host_profile"]
+    shares = profile["by_place"]
+    assert abs(sum(shares.values()) - 1.0) < 1e-9
+    assert shares["gpubuf"] > 0 and shares["gpubuf launchers"] > 0
+    assert "triton" not in shares  # host_only: no launch reached Triton
+    launcher = [e for e in profile["top"] if e["function"].startswith("gpubuf_kernels/gather.py")]
+    assert launcher and all(e["place"] == "gpubuf launchers" and e["us"] > 0 for e in launcher)
+    assert any(e["function"].endswith("(gather_rows_triton)") and e["calls"] == 1.0 for e in profile["top"])
