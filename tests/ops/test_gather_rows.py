@@ -256,15 +256,15 @@ def _runs(starts_and_lengths):
         _runs([(start, 32) for start in (5, 400, 40, 460, 37)]),  # slices, one overlapping another
         _runs([(0, 500)]),  # one run: the whole storage
         _runs([(499, 1), (0, 3), (7, 1), (10, 2), (3, 1), (480, 20)]),  # runs and singles, both ends
-        _runs([(2, 2), (9, 2), (30, 2), (1, 1)]),  # 4 runs of 7 rows: 2 * runs > n, the row loop
-        _runs([(2, 2), (9, 2), (30, 2), (1, 2)]),  # 4 runs of 8 rows: 2 * runs == n, the run loop
+        _runs([(2, 2), (9, 2), (30, 2), (1, 1)]),  # 4 runs of 7 rows: 2 * runs > n, copied row by row
+        _runs([(2, 2), (9, 2), (30, 2), (1, 2)]),  # 4 runs of 8 rows: 2 * runs == n, copied run by run
         torch.tensor([4, 4, 5, 5, 6, 3, 2, 1]),  # repeats and descending rows: no run longer than 2
         _runs([(start, 3) for start in range(0, 400, 7)]),  # more runs than the prefetch distance
     ],
     ids=["slices", "whole", "mixed", "row-loop", "run-loop", "repeats", "many-runs"],
 )
 def test_compiled_gather_copies_runs_of_consecutive_rows(gen, index):
-    """Indices made of runs (trajectory slices) take the run copy, scattered ones the row copy;
+    """Indices made of runs (trajectory slices) are copied run by run, scattered ones row by row;
     both give every field's rows exactly, wide and narrow fields alike."""
     pytest.importorskip("numba")
     sources = [_source(500, trail, dtype, gen) for dtype, trail in
