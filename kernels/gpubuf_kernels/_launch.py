@@ -92,6 +92,17 @@ def launch(kernel: Any, grid: tuple, *args: Any, **kwargs: Any) -> Any:
         _state.depth -= 1
 
 
+def compiled(kernel: Any) -> bool:
+    """True when ``kernel`` runs compiled, False when Triton's interpreter runs it.
+
+    Fixed when the kernel was decorated: ``triton.jit`` reads ``TRITON_INTERPRET`` then and
+    returns an interpreted function under it. A launcher that picks a constexpr by it (CUDA's
+    libdevice exists only compiled) asks the kernel, not the environment: no read per launch, and
+    a variable changed after import cannot disagree with the kernel.
+    """
+    return type(kernel).__name__ != "InterpretedFunction"
+
+
 def interpreter_enabled() -> bool:
     """True when Triton kernels run through the CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from gpubuf_kernels._config import SLICE_WINDOWS
-from gpubuf_kernels._launch import cdiv, check_launch_device, device_guard, interpreter_enabled, launch, next_power_of_2
+from gpubuf_kernels._launch import cdiv, check_launch_device, compiled, device_guard, launch, next_power_of_2
 from gpubuf_kernels.sumtree import _draw_leaves, _importance_weight
 
 __all__ = ["slice_windows_triton", "sumtree_windows_triton", "SPECIALIZATIONS"]
@@ -243,7 +243,7 @@ def sumtree_windows_triton(
             *(marks if f is None else f for f in flags), rows, marks, weights, num_slices, capacity, seq_length,
             float(beta), DEPTH=tree.depth, FANOUT=tree.fanout, STRATIFIED=stratified, BLOCK=block,
             BLOCK_L=block_l, HAS_DONE=done is not None,
-            HAS_TERMINATED=terminated is not None, LIBDEVICE=not interpreter_enabled(),
+            HAS_TERMINATED=terminated is not None, LIBDEVICE=compiled(_sumtree_windows_kernel),
             num_warps=SLICE_WINDOWS["num_warps"],
         )
     return rows, marks, weights

@@ -53,7 +53,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from gpubuf_kernels._config import SUMTREE
-from gpubuf_kernels._launch import cdiv, check_launch_device, device_guard, interpreter_enabled, launch
+from gpubuf_kernels._launch import cdiv, check_launch_device, compiled, device_guard, launch
 
 __all__ = ["ERROR_BITS", "SPECIALIZATIONS", "sumtree_sample_triton", "sumtree_update_triton"]
 
@@ -388,10 +388,11 @@ def _geometry(tree):
 _BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
 
 
-def _libdevice() -> bool:
-    """Compiled kernels take CUDA's ``pow`` (torch's on the GPU); the interpreter, which has no
-    libdevice, ``exp(y * log(x))``, within a few ulps of it."""
-    return not interpreter_enabled()
+
+
+#: Compiled kernels take CUDA's ``pow`` (torch's on the GPU); the interpreter, which has no
+#: libdevice, ``exp(y * log(x))``, within a few ulps of it.
+_LIBDEVICE = compiled(_sumtree_claim_kernel)
 
 
 def sumtree_update_triton(
@@ -471,7 +472,7 @@ def sumtree_update_triton(
             TRACK_MAX=max_priority is not None,
             ALPHA_ZERO=alpha == 0,
             ALPHA_ONE=alpha == 1,
-            LIBDEVICE=_libdevice(),
+            LIBDEVICE=_LIBDEVICE,
             BLOCK=blk,
             num_warps=warps,
         )
@@ -536,7 +537,7 @@ def sumtree_sample_triton(
             tree.leaves, tree.sums, tree.mins, tree.offsets_tensor(), uniforms, index, value,
             value if weight is None else weight, tree.flags, n, 0.0 if beta is None else float(beta),
             DEPTH=tree.depth, FANOUT=tree.fanout, STRATIFIED=stratified, HAS_WEIGHTS=beta is not None,
-            LIBDEVICE=_libdevice(), BLOCK=blk, num_warps=SUMTREE["num_warps"],
+            LIBDEVICE=_LIBDEVICE, BLOCK=blk, num_warps=SUMTREE["num_warps"],
         )
     return index, value, weight
 

@@ -379,3 +379,22 @@ def test_gpu_prioritized_step_captured_in_a_cuda_graph_replays():
     assert not torch.equal(seen[0], seen[1])
     assert rb.sampler._max_value.data_ptr() == slot and rb.sampler._max_value.item() == pytest.approx(priority.max().item())
     rb.sampler.check_errors()
+
+
+def test_libdevice_follows_how_the_kernels_were_decorated():
+    """A launcher picks CUDA's pow (LIBDEVICE) by the kernel it launches, compiled or interpreted,
+    not by the environment at launch time: the interpreter has no libdevice."""
+    import os
+
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    import gpubuf_kernels.sumtree as kernels
+    from gpubuf_kernels._launch import compiled
+
+    def body(x):
+        pass
+
+    assert compiled(JITFunction(body)) and not compiled(InterpretedFunction(body))
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+    assert kernels._LIBDEVICE is (not interpreted) is compiled(kernels._sumtree_claim_kernel)
