@@ -443,7 +443,9 @@ class TensorStorage(Storage):
         elif isinstance(index, (list, np.ndarray)):
             index = torch.as_tensor(np.asarray(index))
         if isinstance(index, torch.Tensor):
-            index = index.to(self._leaves[0].device)
+            # uint8 values are positions, as on the one-dimensional path and in NumPy (torch would
+            # read them as a mask, a use it has deprecated).
+            index = index.to(self._leaves[0].device, torch.long if index.dtype == torch.uint8 else None)
             if not index.dtype.is_floating_point and index.dtype != torch.bool and index.numel():
                 if int(index.max()) >= len0 or int(index.min()) < -len0:
                     raise IndexOutOfRangeError(
@@ -451,7 +453,11 @@ class TensorStorage(Storage):
                         f"[{int(index.min())}, {int(index.max())}]"
                     )
         elif isinstance(index, tuple):
-            index = tuple(i.to(self._leaves[0].device) if isinstance(i, torch.Tensor) else i for i in index)
+            index = tuple(
+                i.to(self._leaves[0].device, torch.long if i.dtype == torch.uint8 else None) if isinstance(i, torch.Tensor)
+                else i
+                for i in index
+            )
         leaves = [leaf[:len0][index] for leaf in self._leaves]
         spec = self._layout.leaves[0]
         feature_ndim = len(spec.shape) - len(self._layout.item_batch)

@@ -149,3 +149,21 @@ def test_stored_leaves_an_info_entry_replaces_are_not_gathered(storage, tmp_path
     marks = batch["next", "done"].reshape(4, 4)
     assert marks[:, -1].all()
     assert torch.equal(marks | (done[rows].reshape(4, 4)), marks)
+
+
+def test_uint8_index_tensors_are_positions_on_every_read():
+    """A uint8 index reads the rows it names, as an int64 one does, whatever its shape and the
+    storage's dims (torch alone would take it as a mask, a use it warns is deprecated)."""
+    import warnings
+
+    one = LazyTensorStorage(10)
+    one.set(torch.arange(10), torch.arange(10.0) * 10)
+    two = LazyTensorStorage(8, ndim=2)  # 4 rows of 2 once written
+    two.set(torch.arange(4), torch.arange(8.0).reshape(4, 2))  # element (r, c) holds 2r + c
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for index in (torch.tensor([1, 3, 3]), torch.tensor([[1, 3]]), torch.tensor([[0], [9]])):
+            assert torch.equal(one.get(index.to(torch.uint8)), one.get(index.to(torch.int64)))
+        rows, cols = torch.tensor([3, 0]), torch.tensor([1, 0])
+        got = two.get((rows.to(torch.uint8), cols.to(torch.uint8)))
+        assert torch.equal(got, two.get((rows, cols))) and torch.equal(got, torch.tensor([7.0, 0.0]))
