@@ -80,7 +80,7 @@ def test_tensordict_buffer_sample_carries_index_and_matching_rows():
     data = make_td(40)
     rb.extend(data)
     # the writer records indices in the stored rows, not in the caller's TensorDict (as TorchRL)
-    assert "index" not in data.keys()
+    assert "index" not in data.keys() and "index" not in data["next"].keys()
     assert torch.equal(rb[:]["index"], torch.arange(40))
     batch = rb.sample()
     assert batch.batch_size == torch.Size([16])
