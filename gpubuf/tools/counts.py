@@ -174,7 +174,7 @@ def count_workloads(
 
     Args:
         host_calls: when positive, also time that many calls (see the module docstring).
-        host_profile: with ``host_calls``, also profile that many calls (see :func:`host_profile`).
+        host_profile: with ``host_calls``, also profile that many calls (see :func:`host_profile_of`).
 
     Returns:
         Dicts with ``workload``, ``batch``, ``launches``, ``triton_launches``, ``torch_ops``,
@@ -182,6 +182,8 @@ def count_workloads(
         ``host_calls``, ``host_us`` (microseconds a call) and ``kernels_run`` (False where the
         Triton kernels were skipped); with ``host_profile`` too, ``host_profile``.
     """
+    if host_profile and host_calls <= 0:
+        raise ValueError(f"host_profile profiles the timed calls: it needs host_calls > 0, got {host_calls}")
     results = []
     for name in workloads:
         for batch in batches:
@@ -209,11 +211,16 @@ def count_workloads(
     return results
 
 
+def _host_work(device: torch.device) -> contextlib.AbstractContextManager:
+    """Where the timed and profiled calls run: on CUDA as they are; on the interpreted path with
+    the Triton launches skipped (:func:`host_only`), so that only the host's own work is in them."""
+    return contextlib.nullcontext() if device.type == "cuda" else host_only()
+
+
 def _host_time(call: Callable[[], Any], device: torch.device, calls: int) -> tuple[float, bool]:
     """Microseconds a call over ``calls`` calls back to back, and whether the kernels ran."""
     interpreted = device.type != "cuda"
-    skip = host_only() if interpreted else contextlib.nullcontext()
-    with skip:
+    with _host_work(device):
         call()
         if not interpreted:
             torch.cuda.synchronize(device)
@@ -252,15 +259,14 @@ def host_profile_of(call: Callable[[], Any], device: torch.device, calls: int, t
         "calls"}, ...]}``: the time of each place (see :data:`_PLACES`) over the total, and the
         ``top`` functions by their own time, with microseconds and calls per call of the workload.
     """
-    interpreted = device.type != "cuda"
     profiler = cProfile.Profile()
-    with host_only() if interpreted else contextlib.nullcontext():
+    with _host_work(device):
         call()
         profiler.enable()
         for _ in range(calls):
             call()
         profiler.disable()
-    if not interpreted:
+    if device.type == "cuda":
         torch.cuda.synchronize(device)
     stats = pstats.Stats(profiler).stats
     by_place: dict[str, float] = {}
@@ -291,6 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="with --host-calls, also profile them: where the host time goes (see above)")
     parser.add_argument("--json", default=None, help="write the counts and the environment here")
     args = parser.parse_args(argv)
+    if args.host_profile and args.host_calls <= 0:
+        parser.error("--host-profile profiles the timed calls: give --host-calls N (N > 0) with it")
     device = torch.device(args.device)
     results = count_workloads(
         device, rows=args.rows, batches=args.batch, backend=args.backend, workloads=args.workload,

@@ -196,6 +196,11 @@ def _sumtree_windows_kernel(
     tl.store(marks_ptr + 2 * total + where, terminated, mask=inside)
 
 
+#: CUDA's ``pow`` where the kernel is compiled; the interpreter has no libdevice (see
+#: :func:`gpubuf_kernels._launch.compiled`).
+_LIBDEVICE = compiled(_sumtree_windows_kernel)
+
+
 def sumtree_windows_triton(
     tree,
     uniforms: torch.Tensor,
@@ -243,7 +248,7 @@ def sumtree_windows_triton(
             *(marks if f is None else f for f in flags), rows, marks, weights, num_slices, capacity, seq_length,
             float(beta), DEPTH=tree.depth, FANOUT=tree.fanout, STRATIFIED=stratified, BLOCK=block,
             BLOCK_L=block_l, HAS_DONE=done is not None,
-            HAS_TERMINATED=terminated is not None, LIBDEVICE=compiled(_sumtree_windows_kernel),
+            HAS_TERMINATED=terminated is not None, LIBDEVICE=_LIBDEVICE,
             num_warps=SLICE_WINDOWS["num_warps"],
         )
     return rows, marks, weights

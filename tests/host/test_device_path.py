@@ -190,3 +190,16 @@ def test_the_counts_tool_splits_the_host_time_by_where_it_is_spent():
     launcher = [e for e in profile["top"] if e["function"].startswith("gpubuf_kernels/gather.py")]
     assert launcher and all(e["place"] == "gpubuf launchers" and e["us"] > 0 for e in launcher)
     assert any(e["function"].endswith("(gather_rows_triton)") and e["calls"] == 1.0 for e in profile["top"])
+
+
+def test_the_counts_tool_refuses_a_profile_without_timed_calls(capsys):
+    """``--host-profile`` profiles the ``--host-calls`` calls: alone it is refused, before any
+    workload is built."""
+    from gpubuf.tools.counts import count_workloads, main
+
+    with pytest.raises(ValueError, match="host_calls > 0"):
+        count_workloads(torch.device("cpu"), rows=400, batches=[64], backend="triton", workloads=["sample"],
+                        host_profile=True)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--device", "cpu", "--backend", "triton", "--workload", "sample", "--host-profile"])
+    assert exit_info.value.code == 2 and "--host-calls" in capsys.readouterr().err

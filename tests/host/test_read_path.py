@@ -9,6 +9,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from gpubuf.errors import IndexOutOfRangeError
 from gpubuf import LazyMemmapStorage, LazyTensorStorage, ListStorage, ReplayBuffer, TensorDictReplayBuffer
 from gpubuf.buffers.prioritized import PrioritizedReplayBuffer, TensorDictPrioritizedReplayBuffer
 
@@ -167,3 +168,7 @@ def test_uint8_index_tensors_are_positions_on_every_read():
         rows, cols = torch.tensor([3, 0]), torch.tensor([1, 0])
         got = two.get((rows.to(torch.uint8), cols.to(torch.uint8)))
         assert torch.equal(got, two.get((rows, cols))) and torch.equal(got, torch.tensor([7.0, 0.0]))
+    # A uint8 position past the written rows is refused as an int64 one is, and reads nothing.
+    with pytest.raises(IndexOutOfRangeError, match=r"must lie in \[-10, 10\).*\[2, 200\]"):
+        one.get(torch.tensor([[2, 200]], dtype=torch.uint8))
+    assert torch.equal(one.get(torch.arange(10)), torch.arange(10.0) * 10)
