@@ -344,8 +344,7 @@ def _td_leaves(td: TensorDictBase, what: str) -> tuple[tuple, list]:
     # is_leaf makes non-tensor entries (NonTensorData) visible, so that they are refused rather
     # than silently dropped.
     for key, value in td.items(include_nested=True, leaves_only=True, is_leaf=_is_leaf_nontensor):
-        # (A plain tensor, nearly every leaf, skips the collection test: it is an ABC check.)
-        if type(value) is not torch.Tensor and (not isinstance(value, torch.Tensor) or is_tensor_collection(value)):
+        if not isinstance(value, torch.Tensor) or is_tensor_collection(value):
             raise UnsupportedDataError(
                 f"{what} entry {key!r} is a {type(value).__name__}, expected a torch.Tensor: a tensor storage "
                 "holds tensors only; use ListStorage or LazyStackStorage for non-tensor data"
