@@ -446,10 +446,12 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
     # ------------------------------------------------------------------ reading
     # A sample is a *draw* (the sampler's indices, under the lock, in the caller's thread) and a
     # *read* (gather, cross-device copy, transforms), which prefetch runs ahead in workers.
-    def _read(self, index: Any, fills: dict[int, torch.Tensor] | None = None, extra: dict | None = None) -> Any:
+    def _read(
+        self, index: Any, route: "_Route", fills: dict[int, torch.Tensor] | None = None, extra: dict | None = None
+    ) -> Any:
         """Reads the items at a sampler's ``index``: gather, build, collate, onto the batch device.
 
-        ``fills`` maps positions of the storage's layout to tensors that replace those leaves
+        ``route`` is :meth:`_route`'s, taken once per sample by the caller. ``fills`` maps positions of the storage's layout to tensors that replace those leaves
         instead of gathering them (one entry per item, on the storage's device). ``extra`` maps
         keys to tensors of one entry per item (the sampler's info) that a TensorDict batch gets
         as entries. The batch lands on the buffer's batch device (see ``batch_device``); a CUDA
@@ -459,7 +461,6 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         rows = storage._flat_index(index)
         lead = [rows.shape[0]] if isinstance(rows, torch.Tensor) else []
         fills = fills or {}
-        route = self._route()
         if route.transfer is None:
             leaves = storage._gather(rows, fills.keys())
             for position, value in fills.items():
@@ -490,13 +491,13 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
             info["index_generation"] = self._writer.generations_of(index)
         return index, info
 
-    def _read_drawn(self, index: Any, info: dict, batch_size: int) -> Any:
+    def _read_drawn(self, index: Any, info: dict, batch_size: int, route: "_Route") -> Any:
         """Reads the batch of a draw, as a container on the batch device (subclasses add info)."""
-        return self._read(index)
+        return self._read(index, route)
 
     def _finish(self, data: Any) -> Any:
         """Transforms and pins a read batch."""
-        if len(self._transform):
+        if self._transform._items:
             data = self._apply_transform(data)
         if self._pin_memory and torch.cuda.is_available() and _holds_tensors(data):
             device = data.device
@@ -527,8 +528,9 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
             if staging.transfer_kind(source, target, self._pin_memory) is not None:
                 slots = staging.default_slots(self._prefetch_cap)
                 transfer = staging.CrossDeviceGather(source, target, slots=slots, pin=self._pin_memory)
+        cuda_rows = source is not None and source.type == "cuda"
         with self._lock:
-            route = self._route_cache = _Route(storage, sources, source, target, transfer)
+            route = self._route_cache = _Route(storage, sources, source, target, transfer, cuda_rows)
         return route
 
     def _side_stream(self, route: "_Route", prefetching: bool) -> Any:
@@ -560,7 +562,7 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         on the caller's stream.
         """
         route = self._route() if route is None else route
-        if route.source is None or route.source.type != "cuda":
+        if not route.cuda_rows:
             return None
         side = self._side_stream(route, prefetching)
         return None if side is None else side.mark_ready()
@@ -583,10 +585,10 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         and released right after the read (it covers the draw and the read, not the transforms).
         """
         route = self._route() if route is None else route
-        side = self._side_stream(route, prefetching)
+        side = self._side_stream(route, prefetching) if route.transfer is not None or route.cuda_rows else None
         if side is None:
             try:
-                data = self._read_drawn(index, info, batch_size)
+                data = self._read_drawn(index, info, batch_size, route)
             finally:
                 if lock is not None:
                     lock.release()
@@ -598,7 +600,7 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
                 for tensor in index if isinstance(index, tuple) else (index,):
                     if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
                         tensor.record_stream(side.stream)
-                data = self._read_drawn(index, info, batch_size)
+                data = self._read_drawn(index, info, batch_size, route)
             finally:
                 if lock is not None:
                     lock.release()
@@ -621,13 +623,13 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         try:
             index, info = self._draw(batch_size)
             route = self._route()
-            ready = self._mark_ready(route=route)
+            ready = self._mark_ready(route=route) if route.cuda_rows else None
         except BaseException:
             lock.release()
             raise
         # _produce releases the lock once the batch is read.
         data, done = self._produce(index, info, batch_size, ready, lock=lock, route=route)
-        return self._hand_out(data, done), info
+        return (data if done is None else self._hand_out(data, done)), info
 
     def _apply_transform(self, data: Any) -> Any:
         if isinstance(data, TensorDictBase) and data.is_locked:
@@ -643,13 +645,13 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
                 "sample(batch_size)"
             )
         batch_size = _check_batch_size(batch_size)
-        self._check_batch_fits(batch_size)
+        if batch_size >= _SMALL_BATCH:
+            self._check_batch_fits(batch_size)
         return batch_size
 
     def _check_batch_fits(self, batch_size: int) -> None:
-        """Refuses a batch whose indices and rows cannot fit in memory, before anything is drawn."""
-        if batch_size < _SMALL_BATCH:
-            return
+        """Refuses a batch of at least ``_SMALL_BATCH`` items whose indices and rows cannot fit in
+        memory, before anything is drawn."""
         storage = self._storage
         layout = storage.layout
         checked = self._batch_checked
@@ -955,6 +957,8 @@ class _Route(NamedTuple):
     source: torch.device | None
     target: torch.device | None
     transfer: Any
+    #: ``source`` is a CUDA device: a read waits for the draw's stream (see ``_mark_ready``).
+    cuda_rows: bool
 
 
 #: Batches below this many items are not checked against the memory available (reading it costs

@@ -172,7 +172,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
                 index = index[..., 0]
         self.update_priority(index, priority)
 
-    def _read_drawn(self, index: Any, info: dict, batch_size: int) -> Any:
+    def _read_drawn(self, index: Any, info: dict, batch_size: int, route: Any) -> Any:
         # The draw, transforms and pinning are ReplayBuffer's; this adds the info entries.
         layout = self._storage.layout
         position = None if layout is None else layout.index_of(_INDEX_KEY)
@@ -181,7 +181,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
         if position is not None:
             # The stored "index" column is overwritten by the sampler's index: not gathered.
             fills[position] = self._index_value(index, layout, batch_size)
-        source = self._route().source
+        source = route.source
         if entries and source is not None and layout.kind == "tensordict":
             # So are the stored leaves an info entry replaces (a slice sampler's ("next", "done")).
             stored = self._stored_entries(layout, entries)
@@ -191,7 +191,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
                 for key, at in stored:
                     value = entries.pop(key)
                     fills[at] = expand_as_batch(value if value.device == source else value.to(source), shape)
-        return self._read(index, fills, entries)
+        return self._read(index, route, fills, entries)
 
     def _stored_entries(self, layout: Any, entries: dict) -> tuple:
         """``(key, position)`` of the info entries that are also leaves of ``layout``; kept for

@@ -90,8 +90,8 @@ def test_other_storages_sample_through_the_same_read(storage, tmp_path):
 
 def test_subclass_reading_its_own_way_is_followed():
     class Tagged(TensorDictReplayBuffer):
-        def _read_drawn(self, index, info, batch_size):
-            return super()._read_drawn(index, info, batch_size).set("tag", torch.zeros(batch_size))
+        def _read_drawn(self, index, info, batch_size, route):
+            return super()._read_drawn(index, info, batch_size, route).set("tag", torch.zeros(batch_size))
 
     rb = Tagged(storage=LazyTensorStorage(20), batch_size=5)
     rb.extend(_data(20, with_index=False))
