@@ -83,8 +83,12 @@ def _kind(unit: int, row_units: int) -> int:
     of ``unit`` bytes; ``row_units`` counts int64 words for 16-byte units."""
     if unit == 16:
         return 0
-    wide = {8: 1, 4: 2, 2: 3, 1: 4}[unit]
+    wide = _WIDE_KIND[unit]
     return wide + 4 if row_units == 1 else wide
+
+
+#: The wide-tile ``kind`` of each unit narrower than 16 bytes.
+_WIDE_KIND = {8: 1, 4: 2, 2: 3, 1: 4}
 
 
 _MAX_GRID_Y = 65535
@@ -325,14 +329,19 @@ def _source_entry(
     """``(table row, steps)`` of one dense source; ``out_addr`` is a given output's address (it
     takes part in the unit's alignment), None for an output in the launcher's buffer."""
     row_bytes = math.prod(src.shape[1:]) * src.element_size()
-    src_addr = src.data_ptr()
     # With one row only index 0 is ever read, so the row stride is free; 0 keeps it from
     # narrowing the unit.
     stride_bytes = src.stride(0) * src.element_size() if n_rows > 1 else 0
-    if out_addr is None:
-        unit = unit_bytes(row_bytes, src_addr, stride_bytes)
-    else:
-        unit = unit_bytes(row_bytes, src_addr, out_addr, stride_bytes)
+    return _entry(src.data_ptr(), row_bytes, stride_bytes, out_off, out_per_batch, out_addr or 0)
+
+
+def _entry(
+    src_addr: int, row_bytes: int, stride_bytes: int, out_off: int, out_per_batch: int, out_addr: int
+) -> tuple[list[int], int]:
+    """:func:`_source_entry` from the source's numbers: its address, bytes per row and row
+    stride in bytes; ``out_addr`` 0 for an output in the launcher's buffer (aligned to
+    :data:`OUT_ALIGN`, so it narrows no unit)."""
+    unit = unit_bytes(row_bytes, src_addr, out_addr, stride_bytes)
     elem = min(unit, 8)  # 16-byte units are moved as pairs of int64
     row_units = row_bytes // elem
     kind = _kind(unit, row_units)

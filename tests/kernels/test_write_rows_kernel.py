@@ -98,6 +98,35 @@ def test_a_batch_field_whose_rows_are_not_dense_is_copied_beside_the_launch():
         assert torch.equal(_bytes(g), _bytes(w))
 
 
+def test_contiguous_batch_fields_get_the_table_rows_the_general_derivation_gives(monkeypatch):
+    """The launcher reads a contiguous batch field's row size and stride off ``numel`` and the
+    batch size; the table rows must be those :func:`_source_entry` derives from the shape and
+    strides, whatever the field's address (views starting at odd bytes narrow the copy unit),
+    for one row (whose stride is never read) and with dims of size one."""
+    from gpubuf_kernels import write_rows as module
+    from gpubuf_kernels.gather import _source_entry
+
+    tables = []
+    monkeypatch.setattr(module, "device_table", lambda entries, cols, device: tables.append(entries))
+    monkeypatch.setattr(module, "launch", lambda *args, **kwargs: None)
+    gen = torch.Generator().manual_seed(6)
+    cases = [
+        _random(9, (3,), torch.uint8, gen)[1:],  # rows of 3 bytes starting at byte 3
+        _random(9, (8,), torch.float16, gen).reshape(-1)[1:65].reshape(8, 8),  # 16-byte rows at byte 2
+        _random(5, (4, 1), torch.float32, gen),  # a dim of size one
+        _random(9, (6,), torch.float64, gen)[4:5],  # one row, within a larger tensor
+        _random(9, (), torch.int64, gen)[3:],  # one element per row, at byte 24
+    ]
+    for src in cases:
+        assert src.is_contiguous()
+        dest = _poisoned(16, tuple(src.shape[1:]), src.dtype)
+        tables.clear()
+        write_rows_triton([dest], [src], 3)
+        address = dest.data_ptr()
+        want, _ = _source_entry(src, src.shape[0], address, 0, address)
+        assert list(tables[0]) == want, (src.shape, src.dtype, src.data_ptr() % 16)
+
+
 def test_the_validated_entry_writes_through_the_kernel_and_refuses_bad_arguments():
     gen = torch.Generator().manual_seed(2)
     dests = [_poisoned(5, (2,), torch.float32), _poisoned(5, (), torch.int64)]
