@@ -139,6 +139,9 @@ class Layout:
         self._flat_names = (
             [name for _, name in self._paths] if self._paths and all(not parents for parents, _ in self._paths) else None
         )
+        # ``((leading dims, item offset), the leaves' expected shapes)`` of the last write checked:
+        # making the sizes anew was half of the check. One entry: batch sizes may vary without end.
+        self._shapes: tuple = ((), ())
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -225,8 +228,11 @@ class Layout:
                     f"batch_size {list(item_batch)} does not match the storage's items: expected "
                     f"{list(expected_batch)} (leading {list(lead)} + item batch size {list(self.item_batch)})"
                 )
-        for spec, tensor in zip(self.leaves, tensors):
-            expected = torch.Size([*lead, *spec.shape[item_offset:]])
+        key, shapes = self._shapes
+        if key != (lead, item_offset):
+            shapes = tuple(torch.Size([*lead, *spec.shape[item_offset:]]) for spec in self.leaves)
+            self._shapes = ((lead, item_offset), shapes)
+        for spec, tensor, expected in zip(self.leaves, tensors, shapes):
             if tensor.shape != expected:
                 raise SchemaMismatchError(
                     f"leaf {_fmt_key(spec.key)} has shape {list(tensor.shape)}, expected {list(expected)} "

@@ -218,15 +218,20 @@ class TensorStorage(Storage):
         fixed_device = self.device if (self.initialized and self._auto_device) else None
         leaves = layout.split(data, leading=leading, device=fixed_device, item_offset=item_offset)
         device = self._target_device(leaves)
-        for spec, leaf in zip(layout.leaves, leaves):
-            if leaf.device.type == "meta" and device.type != "meta":
-                raise DeviceMismatchError(
-                    f"leaf {spec.key!r} is on the meta device and holds no data; expected data movable to {device}"
-                )
         if device.type == "cuda" and not torch.cuda.is_available():
             raise DeviceMismatchError(f"this storage's device is {device} but CUDA is not available here")
-        leaves = [leaf if leaf.device == device else leaf.to(device) for leaf in leaves]
-        return layout, leaves, needs_init
+        # Moved where needed (new tensors: nothing of the caller's or the storage's changes).
+        moved = []
+        for spec, leaf in zip(layout.leaves, leaves):
+            leaf_device = leaf.device
+            if leaf_device != device:
+                if leaf_device.type == "meta":
+                    raise DeviceMismatchError(
+                        f"leaf {spec.key!r} is on the meta device and holds no data; expected data movable to {device}"
+                    )
+                leaf = leaf.to(device)
+            moved.append(leaf)
+        return layout, moved, needs_init
 
     def _init_from(self, layout: Layout, leaves: list[torch.Tensor]) -> None:
         device = leaves[0].device
