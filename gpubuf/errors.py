@@ -85,8 +85,11 @@ class EmptyBufferError(GpubufError, RuntimeError):
     """Sampling or reading was asked of a buffer that holds no item."""
 
 
-class BatchSizeError(GpubufError, RuntimeError):
-    """No batch size was given, neither to the constructor nor to ``sample``, or it is invalid."""
+class BatchSizeError(GpubufError, RuntimeError, ValueError):
+    """No batch size was given, neither to the constructor nor to ``sample``, or it is invalid.
+
+    Also a ``ValueError``: TorchRL raises one for a batch size a sampler without replacement cannot
+    serve (``drop_last=True`` without a batch size, or with fewer items than a batch)."""
 
 
 class CapacityError(GpubufError, ValueError):
@@ -120,8 +123,9 @@ class ScratchDirError(MemmapStorageError):
     """The ``scratch_dir`` cannot hold the storage: not writable, or not a directory."""
 
 
-class StorageExistsError(MemmapStorageError, FileExistsError):
-    """The storage's files already exist and ``existsok=False``."""
+class StorageExistsError(MemmapStorageError, FileExistsError, RuntimeError):
+    """The storage's files already exist and ``existsok=False`` (also a ``RuntimeError``, the
+    class TorchRL raises there)."""
 
 
 class DiskFullError(MemmapStorageError):

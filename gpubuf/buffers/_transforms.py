@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from gpubuf.errors import InvalidArgumentError
+
 
 class TransformChain:
     """An ordered list of transforms; empty by default."""
@@ -26,6 +28,17 @@ class TransformChain:
         self._items.append((_checked(transform), invert))
 
     def insert(self, index: int, transform: Callable, invert: bool = False) -> None:
+        """Inserts ``transform`` before position ``index`` (``-len`` to ``len``, as TorchRL's ``Compose``).
+
+        Raises:
+            InvalidArgumentError: ``index`` outside that range (``list.insert`` would clamp it).
+        """
+        size = len(self._items)
+        if isinstance(index, bool) or not isinstance(index, int) or not -size <= index <= size:
+            raise InvalidArgumentError(
+                f"Index expected to be between [-{size}, {size}] got index={index!r}: the position to insert the "
+                f"transform at, among the {size} there are"
+            )
         self._items.insert(index, (_checked(transform), invert))
 
     def __call__(self, data: Any) -> Any:

@@ -211,6 +211,11 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
             )
         self._storage = _make(storage, lambda: ListStorage(max_size=1_000), Storage, "storage")
         self._sampler = _make(sampler, RandomSampler, Sampler, "sampler")
+        if self._sampler.drop_last and batch_size is None:
+            raise BatchSizeError(
+                "Samplers with drop_last=True must work with a predictable batch-size: pass batch_size to the "
+                "buffer's constructor (an epoch is counted in batches of that size)"
+            )
         self._writer = _make(writer, self._default_writer, Writer, "writer")
         self._writer.register_storage(self._storage)
         self._storage.attach(self)

@@ -107,6 +107,11 @@ class TensorDictReplayBuffer(ReplayBuffer):
             index = self._writer.add(data)
             self._sampler.add(index)
         if isinstance(data, TensorDictBase):
+            if isinstance(index, int) and _entry(data, "index") is None:
+                # A writer that records no "index" (a plain RoundRobinWriter): the update reads
+                # it from a copy, the caller's TensorDict left as it was (as TorchRL leaves it).
+                data = _top_level_copy(data)
+                data.set("index", torch.full(data.batch_size, index, dtype=torch.long, device=data.device))
             self.update_tensordict_priority(data)
         return index
 

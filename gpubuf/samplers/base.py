@@ -24,6 +24,9 @@ class Sampler:
     #: item (``"max"``, ``"min"``, ``"mean"`` or ``"median"``); prioritized samplers take it as
     #: an argument.
     reduction = "max"
+    #: Whether an epoch ends before a batch that would be incomplete (samplers without
+    #: replacement take it as an argument): such a sampler needs the buffer's batch size.
+    drop_last = False
 
     def sample(self, storage: Any, batch_size: int) -> tuple[Any, dict]:
         raise NotImplementedError

@@ -27,6 +27,7 @@ from gpubuf.errors import (
     EmptyBufferError,
     IndexOutOfRangeError,
     InvalidArgumentError,
+    InvalidIndexError,
     SchemaMismatchError,
 )
 from gpubuf.ops.gather_rows import gather_rows_trusted
@@ -294,6 +295,40 @@ class TensorStorage(Storage):
             leaves = [leaf[skip:] for leaf in leaves]
         write_rows_trusted(self._leaves, leaves, first, backend=self._backend)
 
+    def _element_cursor(self, cursor: tuple, data: Any) -> tuple[tuple[torch.Tensor, ...], Any]:
+        """Per-dim coordinates of the elements a tuple cursor of an ``ndim > 1`` storage writes, and
+        the data with one leading dim over them.
+
+        Ints and index sequences broadcast together (one element per position); a tuple of ints and
+        slices addresses every element of their grid (``rb[0, 3:5]``), and data whose leading dims
+        are that grid's shape is flattened to match.
+
+        Raises:
+            EmptyBufferError: the storage holds nothing yet (its dims are not known).
+            InvalidIndexError: slices mixed with index sequences, or more entries than dims.
+        """
+        if len(cursor) > self.ndim:
+            raise InvalidIndexError(f"a cursor of {len(cursor)} entries for a storage of ndim={self.ndim}")
+        if not any(isinstance(c, slice) for c in cursor):
+            parts = [torch.as_tensor(c, dtype=torch.long).reshape(-1) for c in cursor]
+            return tuple(t.contiguous() for t in torch.broadcast_tensors(*parts)), data
+        if not all(isinstance(c, slice) or is_int(c) for c in cursor):
+            raise InvalidIndexError(
+                f"a cursor mixing slices with index sequences ({cursor!r}): expected ints and slices, or ints and "
+                "index sequences"
+            )
+        if not self.initialized:
+            raise EmptyBufferError("element-wise writes need an initialised storage: extend it first")
+        sizes = self._total_shape
+        cursor = cursor + (slice(None),) * (self.ndim - len(cursor))  # trailing dims whole, as numpy
+        ranges = [torch.arange(sizes[d])[c] if isinstance(c, slice) else torch.tensor([int(c)]) for d, c in enumerate(cursor)]
+        grid = torch.meshgrid(*ranges, indexing="ij")
+        shape = tuple(len(r) for r, c in zip(ranges, cursor) if isinstance(c, slice))
+        batch = getattr(data, "shape", None)
+        if len(shape) > 1 and batch is not None and tuple(batch[: len(shape)]) == shape:
+            data = data.reshape(-1, *batch[len(shape) :])
+        return tuple(g.reshape(-1) for g in grid), data
+
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         """Writes ``data`` at ``cursor``.
 
@@ -319,7 +354,8 @@ class TensorStorage(Storage):
             rows = list(range(cap0))[cursor]
             lead = [len(rows)]
         elif isinstance(cursor, tuple):
-            index = torch.stack([torch.as_tensor(c, dtype=torch.long).reshape(-1) for c in cursor], -1)
+            cursor, data = self._element_cursor(cursor, data)
+            index = torch.stack(cursor, -1)
             rows = index[:, 0].tolist()
             lead = [index.shape[0]]
         else:

@@ -87,7 +87,8 @@ class TensorDictMaxValueWriter(Writer):
         """One float64 rank per row of ``data`` (``[n]``, or ``[1]`` for one item), on the CPU."""
         if not is_tensor_collection(data):
             raise NotATensorCollectionError(
-                f"{type(self).__name__} ranks TensorDicts or tensorclasses, got {type(data).__name__}"
+                f"{type(self).__name__} expects data to be a tensor collection (a TensorDict or tensorclass, whose "
+                f"rank key it ranks), got {type(data).__name__}"
             )
         dims = data.batch_dims
         if dims > (2 if batched else 1) or (batched and dims == 0):

@@ -863,9 +863,91 @@ def test_max_value_writer_refuses_plain_data_as_torchrl(data):
     # TorchRL 0.14.1 refuses plain tensors and dicts here too, with a RuntimeError.
     for lib in (torchrl_data, gpubuf):
         rb = lib.ReplayBuffer(storage=lib.LazyTensorStorage(3), writer=lib.TensorDictMaxValueWriter(rank_key="r"))
-        with pytest.raises(RuntimeError, match="tensor collection|TensorDicts or tensorclasses"):
+        with pytest.raises(RuntimeError, match="expects data to be a tensor collection"):
             rb.extend(data)
+        with pytest.raises(RuntimeError, match="expects data to be a tensor collection"):
+            rb.add(data)
         assert len(rb) == 0
+
+
+# ---------------------------------------------------------------------- found by TorchRL's own replay-buffer tests
+def test_a_tensordict_buffer_with_a_plain_writer_adds_with_priorities_as_torchrl():
+    """A TensorDictReplayBuffer given a plain RoundRobinWriter and a PrioritizedSampler: ``add``
+    sets the item's priority though the writer gives it no "index" entry (the caller's TensorDict
+    is left without one, as TorchRL leaves it)."""
+
+    def run(lib):
+        rb = lib.TensorDictReplayBuffer(storage=lib.ListStorage(3), sampler=lib.PrioritizedSampler(3, alpha=0.8, beta=0.9),
+                                        writer=lib.RoundRobinWriter(), batch_size=3)
+        item = TensorDict({"a": torch.tensor([7]), "td_error": torch.tensor(2.0)}, [])
+        index = rb.add(item)
+        rb.add(TensorDict({"a": torch.tensor([8])}, []))
+        return index, len(rb), sorted(item.keys())
+
+    assert_same(*both(run))
+    rb = gpubuf.TensorDictReplayBuffer(storage=gpubuf.ListStorage(3), sampler=gpubuf.PrioritizedSampler(3, alpha=1.0, beta=0.9),
+                                       writer=gpubuf.RoundRobinWriter(), batch_size=3)
+    rb.add(TensorDict({"a": torch.tensor([7]), "td_error": torch.tensor(2.0)}, []))
+    assert rb.sampler.tree.values()[0].item() == pytest.approx(2.0 + rb.sampler._eps)
+
+
+def test_one_element_tensors_are_taken_as_exponents_as_torchrl():
+    def run(lib):
+        sampler = lib.PrioritizedSampler(10, alpha=torch.tensor(0.6), beta=torch.tensor(0.25, dtype=torch.float64))
+        sampler.alpha = torch.tensor(1)
+        return float(sampler.alpha), float(sampler.beta)
+
+    assert both(run)[0] == both(run)[1] == (1.0, 0.25)
+    for bad in (torch.tensor([0.5, 0.6]), torch.tensor(-1.0), torch.tensor(float("nan")), torch.tensor(True)):
+        with pytest.raises(ValueError):
+            gpubuf.PrioritizedSampler(10, alpha=bad, beta=0.5)
+
+
+@LIBS
+def test_a_sampler_dropping_the_last_batch_needs_the_buffer_s_batch_size(lib):
+    with pytest.raises(ValueError, match="drop_last=True must work with a predictable batch-size"):
+        lib.ReplayBuffer(storage=lib.ListStorage(10), sampler=lib.SamplerWithoutReplacement(drop_last=True))
+    rb = lib.ReplayBuffer(storage=lib.LazyTensorStorage(10), sampler=lib.SamplerWithoutReplacement(drop_last=True),
+                          batch_size=4)
+    rb.extend(torch.arange(10))
+    assert len(rb.sample()) == 4
+
+
+@LIBS
+def test_a_batch_larger_than_the_storage_without_replacement_is_a_value_error(lib):
+    storage = lib.ListStorage(10)
+    storage.set(range(10), list(range(10)))
+    with pytest.raises(ValueError):
+        lib.SamplerWithoutReplacement(drop_last=True).sample(storage, 11)
+
+
+@LIBS
+def test_a_transform_is_inserted_only_within_the_list(lib):
+    from torchrl.envs.transforms import RewardScaling
+
+    rb = lib.ReplayBuffer(batch_size=1)
+    with pytest.raises(ValueError, match="Index expected to be between"):
+        rb.insert_transform(10, RewardScaling(0.0, 2.0))
+    with pytest.raises(ValueError, match="Index expected to be between"):
+        rb.insert_transform(-1, RewardScaling(0.0, 2.0))
+    assert len(rb.transform) == 0
+
+
+def test_transforms_inserted_at_either_end_run_in_list_order():
+    rb = gpubuf.ReplayBuffer(batch_size=1)
+    rb.insert_transform(0, lambda data: data * 2)
+    rb.insert_transform(-1, lambda data: data + 1)  # before the last: runs first
+    rb.extend(torch.tensor([3]))
+    assert rb.sample().tolist() == [8]
+
+
+@LIBS
+def test_memmap_files_in_place_are_refused_with_a_runtime_error(lib, tmp_path):
+    first = lib.LazyMemmapStorage(4, scratch_dir=tmp_path)
+    first.set(torch.arange(2), TensorDict({"a": torch.zeros(2)}, [2]))
+    second = lib.LazyMemmapStorage(4, scratch_dir=tmp_path)
+    with pytest.raises(RuntimeError, match="already exists"):
+        second.set(torch.arange(2), TensorDict({"a": torch.ones(2)}, [2]))
 
 
 def test_update_if_present_docstring_usage_with_index_generation():
