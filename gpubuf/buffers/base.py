@@ -33,6 +33,7 @@ from gpubuf.errors import (
     InvalidArgumentError,
     InvalidIndexError,
     MissingKeyError,
+    SchemaMismatchError,
     StateDictError,
 )
 from gpubuf.samplers.base import Sampler
@@ -766,7 +767,28 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
                 "expected an int, a slice with a positive step, a sequence or tensor of ints, or a boolean mask"
             ) from None
 
+    def _elements_of(self, index: tuple) -> tuple[tuple[torch.Tensor, ...], torch.Size]:
+        """The storage coordinates of the elements a tuple ``index`` picks in the buffer's view of an
+        ``ndim > 1`` storage extended along ``dim_extend > 0`` (the storage's dims 0 and
+        ``dim_extend`` swapped, as ``rb[:]`` shows it), and the shape of the picked elements.
+
+        Any torch index works (ints, slices, index tensors, masks): it picks from a grid of the
+        written elements' positions (8 bytes an element, made per call).
+        """
+        shape = self._storage.shape
+        view = torch.arange(shape.numel()).reshape(shape).transpose(0, self._dim_extend)
+        picked = view[index]
+        return torch.unravel_index(picked.reshape(-1), shape), picked.shape
+
     def _getitem(self, index: Any) -> Any:
+        if isinstance(index, tuple) and self._dim_extend > 0:
+            # Elements of the buffer's view (rb[0, 3:5]: the first row of the data as extended).
+            with self._lock:
+                coords, shape = self._elements_of(index)
+                data = self._storage.get(coords)
+            data = data.reshape(shape) if is_tensor_collection(data) else data.reshape(*shape, *data.shape[1:])
+            data = self._collate_fn(data)
+            return self._apply_transform(data) if len(self._transform) else data
         with self._lock:
             if self._dim_extend > 0:
                 # As in TorchRL: the index runs along the dim the data was extended along, and the
@@ -790,6 +812,25 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         check_read_index(index, len(self))
         self._check_item(value, "__setitem__")
         with self._lock:
+            if isinstance(index, tuple) and self._dim_extend > 0:
+                # Elements of the buffer's view, as _getitem reads them; a collection is broadcast
+                # over the picked elements (rb[:, 10:20] = td of batch [10]).
+                try:
+                    index, shape = self._elements_of(index)
+                except (IndexError, TypeError, ValueError, RuntimeError) as err:
+                    raise InvalidIndexError(
+                        f"index {_describe(index)} cannot address this buffer's elements ({type(err).__name__}: {err}); "
+                        "expected a tuple of ints, slices, index sequences or masks over the buffer's dims"
+                    ) from None
+                if is_tensor_collection(value) and value.batch_size != shape:
+                    try:
+                        value = value.expand(shape)
+                    except RuntimeError:
+                        raise SchemaMismatchError(
+                            f"a value of batch size {list(value.batch_size)} for {list(shape)} elements: expected that "
+                            "batch size, or one that broadcasts to it"
+                        ) from None
+                value = value.reshape(-1) if is_tensor_collection(value) else value.reshape(-1, *value.shape[len(shape):])
             self._invalidate_prefetch()
             self._storage.set(index, value, set_cursor=False)
 

@@ -99,8 +99,10 @@ NUMBA_SWITCHED_OFF = os.environ.get("GPUBUF_NUMBA") == "0"
 
 
 def numba_enabled() -> bool:
-    """True when ``"auto"`` may pick the CPU kernels: Numba imports and :data:`NUMBA_SWITCHED_OFF` is False."""
-    return not NUMBA_SWITCHED_OFF and numba_importable()
+    """True when ``"auto"`` may pick the CPU kernels: Numba imports, :data:`NUMBA_SWITCHED_OFF` is
+    False, and ``torch.compile`` is not tracing (it cannot trace a Numba function; the torch twin
+    it traces into its graph instead)."""
+    return not NUMBA_SWITCHED_OFF and not torch.compiler.is_compiling() and numba_importable()
 
 
 def has_kernel(op: str, device_type: str) -> bool:

@@ -1083,3 +1083,60 @@ def test_a_malformed_tensordict_storage_state_is_refused_and_changes_nothing(bad
         rb.load_state_dict({**state, "_storage": {**state["_storage"], "_storage": rows}})
     assert (len(rb), rb.write_count) == (5, 5)
     assert (rb[:] == before).all()
+
+
+def test_elements_of_a_two_dim_buffer_are_written_and_read_in_its_view_as_torchrl():
+    """A buffer extended along time (``dim_extend=1``) shows ``[envs, steps]``; a tuple index picks
+    elements of that view, reading and writing (a TensorDict broadcast over the picked ones)."""
+
+    def run(lib):
+        rb = lib.ReplayBuffer(storage=lib.LazyTensorStorage(102, ndim=2))
+        rb.extend(TensorDict({"a": torch.arange(100).reshape(2, 50), ("b", "c"): -torch.arange(100).reshape(2, 50)},
+                             [2, 50]))
+
+        def zeros(n):
+            return TensorDict({"a": torch.zeros(n, dtype=torch.long), ("b", "c"): torch.zeros(n, dtype=torch.long)}, [n])
+
+        rb[0, 3:4] = zeros(1)
+        rb[1, 5:6] = zeros(1)
+        rb[:, 7:8] = zeros(1).expand(2, 1)
+        rb[:, 10:20] = zeros(10)  # one row broadcast over both environments
+        rb[1, [30, 31]] = zeros(2)
+        return (rb[0, 3:4]["a"], rb[1, 2:7]["a"], rb[:, 9:11]["a"], rb[:]["a"], rb[:]["b", "c"], len(rb))
+
+    assert_same(*both(run))
+
+
+def test_a_bad_element_index_changes_nothing():
+    rb = gpubuf.ReplayBuffer(storage=gpubuf.LazyTensorStorage(20, ndim=2))
+    rb.extend(TensorDict({"a": torch.arange(20).reshape(2, 10)}, [2, 10]))
+    before = rb[:]["a"].clone()
+    for index in ((0, 10), (2, 0), (0, slice(0, 3), 1)):
+        with pytest.raises(gpubuf.errors.InvalidIndexError):
+            rb[index] = TensorDict({"a": torch.zeros(1, dtype=torch.long)}, [1])
+        with pytest.raises(gpubuf.errors.InvalidIndexError):
+            rb[index]
+    with pytest.raises(gpubuf.errors.SchemaMismatchError):
+        rb[0, 0:3] = TensorDict({"a": torch.zeros(2, dtype=torch.long)}, [2])  # 2 values for 3 elements
+    assert torch.equal(rb[:]["a"], before)
+
+
+def test_a_compiled_extend_and_sample_runs_call_after_call():
+    """``torch.compile`` of a step that extends and samples (TorchRL's ``compilable=True`` usage):
+    the CPU ops take their torch twins while tracing (Dynamo cannot trace a Numba kernel), so
+    every call runs and reads what was written."""
+    torch._dynamo.reset()
+    rb = gpubuf.ReplayBuffer(storage=gpubuf.LazyTensorStorage(6, compilable=True), sampler=gpubuf.RandomSampler(),
+                             writer=gpubuf.RoundRobinWriter(compilable=True), batch_size=3, compilable=True)
+
+    @torch.compile
+    def step(x):
+        rb.extend(x)
+        return rb.sample()
+
+    for call in range(4):
+        batch = step(torch.arange(3 * call, 3 * call + 3).unsqueeze(-1))
+        assert batch.shape == (3, 1)
+        stored = rb[:].reshape(-1).tolist()
+        assert set(batch.reshape(-1).tolist()) <= set(stored)
+    assert len(rb) == 6 and sorted(rb[:].reshape(-1).tolist()) == list(range(6, 12))
