@@ -104,7 +104,8 @@ def flags_per_column(values: torch.Tensor, rows: int, columns: int, key: tuple) 
     """
     if values.numel() != rows * columns:
         raise SchemaMismatchError(
-            f"entry {key!r} holds {values.numel() // max(rows * columns, 1)} values per step: a trajectory "
-            "boundary entry must hold one (shape [] or [1])"
+            f"Expected the end-of-trajectory signal to be 1-dimensional: entry {key!r} holds "
+            f"{values.numel() // max(rows * columns, 1)} values per step, a trajectory boundary entry must hold one "
+            "(shape [] or [1])"
         )
     return values.reshape(rows, columns)

@@ -98,7 +98,7 @@ def stack_items(items: list) -> Any:
         try:
             return torch.stack(items)
         except (RuntimeError, TypeError, ValueError) as err:
-            raise SchemaMismatchError(f"the items of the list do not stack into one batch: {err}") from err
+            raise SchemaMismatchError(f"Stacking the elements of the list resulted in an error: the items do not stack into one batch ({err})") from err
     if isinstance(first, (tuple, dict)):
         flat = [pytree.tree_flatten(item) for item in items]
         spec = flat[0][1]
@@ -112,7 +112,7 @@ def stack_items(items: list) -> Any:
         try:
             leaves = [torch.stack([f[0][i] for f in flat]) for i in range(len(flat[0][0]))]
         except (RuntimeError, TypeError) as err:
-            raise SchemaMismatchError(f"the items of the list do not stack into one batch: {err}") from err
+            raise SchemaMismatchError(f"Stacking the elements of the list resulted in an error: the items do not stack into one batch ({err})") from err
         return pytree.tree_unflatten(leaves, spec)
     raise UnsupportedDataError(
         f"a tensor storage holds tensors, TensorDicts, tensorclasses or pytrees of tensors; got a list of "

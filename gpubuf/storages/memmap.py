@@ -919,7 +919,8 @@ class LazyMemmapStorage(LazyTensorStorage):
         if self._leaves is None and not self._state.shared and get_spawning_popen() is not None:
             # Like TorchRL: the child would make files of its own that the parent never sees.
             raise StorageNotSharableError(
-                f"cannot share an empty {type(self).__name__} with another process: its files do not exist yet. "
+                f"Cowardly refusing to share a storage of type {type(self).__name__} between processes if it has not "
+                "been initialized yet: its files do not exist. "
                 "Write some data first, or create it with shared_init=True so that the processes initialise it "
                 "together"
             )

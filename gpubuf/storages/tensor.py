@@ -93,7 +93,8 @@ class TensorStorage(Storage):
     ) -> None:
         if storage is None and max_size is None:
             raise InvalidArgumentError(
-                "TensorStorage got neither storage nor max_size: expected a tensor or TensorDict as storage, or a max_size"
+                "Expected storage to be non-null: TensorStorage got neither storage nor max_size (expected a tensor or "
+                "TensorDict as storage, or a max_size)"
             )
         if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 1:
             raise InvalidArgumentError(f"ndim must be a positive int, got {ndim!r}")
@@ -109,7 +110,8 @@ class TensorStorage(Storage):
             leading = leading_size(storage)
             if max_size is not None and check_max_size(max_size) != leading:
                 raise InvalidArgumentError(
-                    f"max_size={max_size} does not match the storage's first dimension ({leading})"
+                    f"The max-size and the storage shape mismatch: got max_size={max_size} for a storage whose first "
+                    f"dimension is {leading}"
                 )
             super().__init__(leading, compilable=compilable)
             layout = Layout.from_batch(storage, leading=1)

@@ -1140,3 +1140,20 @@ def test_a_compiled_extend_and_sample_runs_call_after_call():
         stored = rb[:].reshape(-1).tolist()
         assert set(batch.reshape(-1).tolist()) <= set(stored)
     assert len(rb) == 6 and sorted(rb[:].reshape(-1).tolist()) == list(range(6, 12))
+
+
+@LIBS
+def test_refusals_say_what_torchrl_says(lib):
+    with pytest.raises(ValueError, match="Expected storage to be non-null"):
+        lib.TensorStorage(None)
+    with pytest.raises(ValueError, match="The max-size and the storage shape mismatch"):
+        lib.TensorStorage(torch.randn(3), max_size=4)
+    rb = lib.ReplayBuffer(storage=lib.LazyTensorStorage(100))
+    with pytest.raises(RuntimeError, match="Stacking the elements of the list resulted in an error"):
+        rb.extend([torch.tensor([0.1, 0.2, 0.3, 0.4]), torch.tensor([0.01])])
+    assert len(rb) == 0
+    storage = lib.LazyTensorStorage(10)
+    storage.set(torch.arange(10), TensorDict({"obs": torch.randn(10), ("next", "done"): torch.zeros(10, 2, dtype=torch.bool)},
+                                             [10]))
+    with pytest.raises(RuntimeError, match="Expected the end-of-trajectory signal to be 1-dimensional"):
+        lib.SliceSampler(num_slices=2).sample(storage, 4)
