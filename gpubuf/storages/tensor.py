@@ -114,6 +114,14 @@ class TensorStorage(Storage):
                     f"dimension is {leading}"
                 )
             super().__init__(leading, compilable=compilable)
+            if isinstance(storage, TensorDictBase) and storage.is_empty():
+                # TorchRL's TensorStorage(TensorDict(batch_size=[n])): n rows whose entries come
+                # with the first write, then all counted as held, as any given storage's are;
+                # rows not written read as zeros, as the entries TorchRL adds to the TensorDict.
+                self._zero_rows = True
+                if self._auto_device and storage.device is not None:
+                    self.device = storage.device
+                return
             layout = Layout.from_batch(storage, leading=1)
             leaves = layout.split(storage, leading=[leading], device=None)
             if self._auto_device:
@@ -124,6 +132,10 @@ class TensorStorage(Storage):
             super().__init__(max_size, compilable=compilable)
 
     # ------------------------------------------------------------------ size bookkeeping
+    #: A storage given as an empty TensorDict: its leaves are allocated zeroed, and every row is
+    #: counted as held from the first write on.
+    _zero_rows = False
+
     @property
     def initialized(self) -> bool:
         return self._leaves is not None
@@ -196,6 +208,8 @@ class TensorStorage(Storage):
             cap0 = self.max_size
         row_bytes = sum(math.prod(spec.shape) * spec.dtype.itemsize for spec in layout.leaves)
         check_fits_memory(cap0 * row_bytes, device, f"a {type(self).__name__} of {cap0:,} rows of {row_bytes:,} bytes")
+        if self._zero_rows:
+            return [torch.zeros((cap0, *spec.shape), dtype=spec.dtype, device=device) for spec in layout.leaves]
         return [_empty_leaf((cap0, *spec.shape), spec.dtype, device) for spec in layout.leaves]
 
     def _target_device(self, leaves: Sequence[torch.Tensor]) -> torch.device:
@@ -242,6 +256,8 @@ class TensorStorage(Storage):
         if self._auto_device:
             self.device = device
         self._install(layout, storage)
+        if self._zero_rows:
+            self._len = self.max_size
 
     def _write_rows(self, start: int, data: Any) -> int:
         """Writes a batch along dim 0 at rows ``start, start+1, ...`` wrapping round the capacity.

@@ -1157,3 +1157,19 @@ def test_refusals_say_what_torchrl_says(lib):
                                              [10]))
     with pytest.raises(RuntimeError, match="Expected the end-of-trajectory signal to be 1-dimensional"):
         lib.SliceSampler(num_slices=2).sample(storage, 4)
+
+
+def test_a_tensor_storage_given_an_empty_tensordict_takes_its_entries_from_the_first_write():
+    """``TensorStorage(TensorDict(batch_size=[n]))``: n rows, every one counted as held once the
+    first write has given the entries, those not written reading as zeros."""
+
+    def run(lib):
+        rb = lib.ReplayBuffer(storage=lib.TensorStorage(TensorDict(batch_size=[100])), batch_size=4)
+        rb.extend(TensorDict({"root": torch.arange(1, 91), ("next", "x"): torch.ones(90, 2)}, [90]))
+        return len(rb), rb[:]["root"], rb[:]["next", "x"].sum(), rb.sample().batch_size
+
+    assert_same(*both(run))
+    rb = gpubuf.ReplayBuffer(storage=gpubuf.TensorStorage(TensorDict(batch_size=[10])), batch_size=4)
+    with pytest.raises(gpubuf.errors.EmptyBufferError):
+        rb.sample()  # nothing written yet: no entries to read
+    assert len(rb) == 0
