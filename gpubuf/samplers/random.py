@@ -128,8 +128,8 @@ class SamplerWithoutReplacement(Sampler):
             raise EmptyBufferError(_EMPTY)
         if self.drop_last and len_storage < batch_size:
             raise BatchSizeError(
-                f"batch_size {batch_size} exceeds the {len_storage} stored items: with drop_last=True no batch "
-                "can be drawn without repeating items"
+                f"The batch size ({batch_size}) is greater than the storage capacity ({len_storage} items stored): "
+                "with drop_last=True no batch can be drawn without repeating items"
             )
         sources = storage._row_sources
         device = sources[0].device if sources else None

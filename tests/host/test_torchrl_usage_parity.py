@@ -917,7 +917,7 @@ def test_a_sampler_dropping_the_last_batch_needs_the_buffer_s_batch_size(lib):
 def test_a_batch_larger_than_the_storage_without_replacement_is_a_value_error(lib):
     storage = lib.ListStorage(10)
     storage.set(range(10), list(range(10)))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"The batch size \(11\) is greater than the storage capacity"):
         lib.SamplerWithoutReplacement(drop_last=True).sample(storage, 11)
 
 
