@@ -1173,3 +1173,27 @@ def test_a_tensor_storage_given_an_empty_tensordict_takes_its_entries_from_the_f
     with pytest.raises(gpubuf.errors.EmptyBufferError):
         rb.sample()  # nothing written yet: no entries to read
     assert len(rb) == 0
+
+
+def test_a_storage_writes_the_grid_of_ints_and_slices_of_a_tuple_cursor_as_torchrl():
+    """``storage.set((0, slice(0, 2)), td)`` on an ``ndim=2`` storage writes the elements of that
+    grid, in the storage's own dims; a cursor of fewer entries takes the trailing dims whole."""
+
+    def run(lib):
+        storage = lib.LazyTensorStorage(20, ndim=2)
+        storage.set(torch.arange(10), TensorDict({"a": torch.zeros(10, 2)}, [10, 2]))
+        storage.set((0, slice(0, 2)), TensorDict({"a": torch.tensor([1.0, 2.0])}, [2]), set_cursor=False)
+        storage.set((slice(1, 3), 1), TensorDict({"a": torch.tensor([3.0, 4.0])}, [2]), set_cursor=False)
+        storage.set((slice(4, 6), slice(0, 2)), TensorDict({"a": torch.tensor([[5.0, 6.0], [7.0, 8.0]])}, [2, 2]),
+                    set_cursor=False)
+        storage.set((slice(7, 9),), TensorDict({"a": torch.full((2, 2), 9.0)}, [2, 2]), set_cursor=False)
+        return storage.get(slice(None))["a"]
+
+    assert_same(*both(run))
+    storage = gpubuf.LazyTensorStorage(20, ndim=2)
+    storage.set(torch.arange(10), TensorDict({"a": torch.zeros(10, 2)}, [10, 2]))
+    with pytest.raises(gpubuf.errors.InvalidIndexError):
+        storage.set((slice(0, 2), [0, 1]), TensorDict({"a": torch.ones(2)}, [2]), set_cursor=False)
+    with pytest.raises(gpubuf.errors.InvalidIndexError):
+        storage.set((0, 1, 0), TensorDict({"a": torch.ones(1)}, [1]), set_cursor=False)
+    assert storage.get(slice(None))["a"].abs().sum() == 0
