@@ -525,6 +525,13 @@ class TensorStorage(Storage):
         return self._layout.build(leaves, batch, self.device)
 
     def _rand_given_ndim(self, batch_size: int) -> Any:
+        if torch.compiler.is_compiling():
+            # Run eagerly (a graph break), as TorchRL does: traced, the draw would be guarded on
+            # the stored length and recompiled after every write.
+            return _eager_draw(self, batch_size)
+        return self._draw_indices(batch_size)
+
+    def _draw_indices(self, batch_size: int) -> Any:
         device = self._leaves[0].device if self.initialized else None
         if self.ndim == 1:
             return torch.randint(0, self._len, (batch_size,), generator=self._rng, device=device)
@@ -761,3 +768,9 @@ def _span(tensor: torch.Tensor) -> tuple[int, int]:
 
 
 __all__ = ["TensorStorage", "LazyTensorStorage"]
+
+
+@torch.compiler.disable
+def _eager_draw(storage: TensorStorage, batch_size: int) -> Any:
+    """:meth:`TensorStorage._draw_indices`, never traced by ``torch.compile``."""
+    return storage._draw_indices(batch_size)

@@ -1142,6 +1142,30 @@ def test_a_compiled_extend_and_sample_runs_call_after_call():
     assert len(rb) == 6 and sorted(rb[:].reshape(-1).tolist()) == list(range(6, 12))
 
 
+def test_a_compiled_extend_and_sample_stops_recompiling_after_warm_up():
+    """The draw runs eagerly under ``torch.compile`` (as TorchRL's): traced, it was guarded on the
+    stored length and recompiled after every write."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    rb = gpubuf.ReplayBuffer(storage=gpubuf.LazyTensorStorage(100, compilable=True), sampler=gpubuf.RandomSampler(),
+                             writer=gpubuf.RoundRobinWriter(compilable=True), batch_size=3, compilable=True)
+    counter = CompileCounter()
+
+    @torch.compile(backend=counter)
+    def step(x):
+        rb.extend(x)
+        return rb.sample()
+
+    for _ in range(4):  # the writes' ints become dynamic after a recompile or two
+        step(torch.randint(100, (3, 1)))
+    warmed = counter.frame_count
+    for _ in range(6):
+        step(torch.randint(100, (3, 1)))
+    assert counter.frame_count == warmed
+    assert len(rb) == 30
+
+
 @LIBS
 def test_refusals_say_what_torchrl_says(lib):
     with pytest.raises(ValueError, match="Expected storage to be non-null"):
