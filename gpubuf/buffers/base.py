@@ -368,7 +368,7 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
             data = self._transform.inv(data)
         self._check_item(data, "add")
         with self._lock:
-            self._sampler._check_new_items()
+            self._sampler._check_new_items(self._storage, data, batched=False)
             self._invalidate_prefetch()
             index = self._write_consumed(data, batched=False)
             if index is None:
@@ -405,16 +405,17 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
         transforms. Raises what ``extend`` raises; changes nothing."""
         self._check_item(data, "extend")
         check_dim_extend(self._dim_extend, data)
-        self._sampler._check_new_items()
-        self._storage._check_rows(self._transpose(data))
+        data = self._transpose(data)
+        self._sampler._check_new_items(self._storage, data)
+        self._storage._check_rows(data)
 
     def _extend(self, data: Any) -> torch.Tensor:
         self._check_item(data, "extend")
         check_dim_extend(self._dim_extend, data)
         with self._lock:
-            self._sampler._check_new_items()
-            self._invalidate_prefetch()
             data = self._transpose(data)
+            self._sampler._check_new_items(self._storage, data)
+            self._invalidate_prefetch()
             index = self._write_consumed(data, batched=True)
             if index is None:
                 index = self._writer.extend(data)

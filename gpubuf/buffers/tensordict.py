@@ -102,7 +102,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
         if isinstance(data, TensorDictBase):
             self._check_item_priority(data)
         with self._lock:
-            self._sampler._check_new_items()
+            self._sampler._check_new_items(self._storage, data, batched=False)
             self._invalidate_prefetch()
             index = self._writer.add(data)
             self._sampler.add(index)

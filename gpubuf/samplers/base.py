@@ -48,9 +48,10 @@ class Sampler:
         anything (the buffer checks priorities given with new rows before writing them)."""
         return None
 
-    def _check_new_items(self) -> None:
-        """Raises, before the buffer writes new rows, what :meth:`add`/:meth:`extend` would raise
-        after them (the bookkeeping of new rows). Samplers that can refuse new rows override it."""
+    def _check_new_items(self, storage: Any = None, data: Any = None, *, batched: bool = True) -> None:
+        """Raises, before the buffer writes ``data`` (a batch, or one item with ``batched=False``)
+        into ``storage``, what :meth:`add`/:meth:`extend` would raise after them (the bookkeeping
+        of new rows). Samplers that can refuse new rows override it."""
         return None
 
     @property

@@ -411,13 +411,27 @@ class PrioritizedSampler(Sampler):
                 f"priority {float(values.max())}: (p + eps) ** alpha with alpha={self._alpha} overflows {self.dtype}"
             )
 
-    def _check_new_items(self) -> None:
+    def _check_new_items(self, storage: Any = None, data: Any = None, *, batched: bool = True) -> None:
         """Refuses, before the buffer writes rows, what :meth:`extend` would refuse after.
 
-        New items get :attr:`default_priority`; its transformed value must fit the tree. Read on
-        the host only: with a CUDA tree the maximum stays on the device (no synchronisation), and
-        the update's own validation applies.
+        The storage's elements must fit the tree: an ``ndim > 1`` storage rounds its capacity up
+        to whole rows along dim 0, which may hold more elements than ``max_capacity``. New items
+        get :attr:`default_priority`; its transformed value must fit the tree. Read on the host
+        only: with a CUDA tree the maximum stays on the device (no synchronisation), and the
+        update's own validation applies.
+
+        Raises:
+            CapacityError: the storage can hold more elements than the tree.
+            PriorityError: the default priority overflows the tree's dtype.
         """
+        if storage is not None and storage.ndim > 1:
+            elements = storage._element_capacity(data, batched=batched)
+            if elements > self._max_capacity:
+                raise CapacityError(
+                    f"the storage holds up to {elements:,} elements (max_size={storage.max_size:,} rounded up to "
+                    f"whole rows along its first dim), more than this sampler's priority tree of "
+                    f"max_capacity={self._max_capacity:,}: pass max_capacity={elements:,}"
+                )
         if device_path(self._max_value, self._backend):
             return  # reading the maximum would wait for the device
         current = self._max_priority[0]

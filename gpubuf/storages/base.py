@@ -266,6 +266,12 @@ class Storage:
     def _max_size_along_dim0(self, *, single_data: Any = None, batched_data: Any = None) -> int:
         return self.max_size
 
+    def _element_capacity(self, data: Any = None, *, batched: bool = True) -> int:
+        """How many elements the storage can hold once ``data`` (a batch, or one item with
+        ``batched=False``) is written: ``max_size``, or for ``ndim > 1`` its rows along dim 0
+        (``max_size`` rounded up to whole rows) times the elements of a row."""
+        return self.max_size
+
     #: The item count of a storage that keeps one (its length); None where the length follows
     #: the contents (a list's).
     _len: int | None = None

@@ -165,6 +165,15 @@ class TensorStorage(Storage):
         rest = shape[1:] if batched_data is not None else shape
         return -(-self.max_size // max(torch.Size(rest).numel(), 1))
 
+    def _element_capacity(self, data: Any = None, *, batched: bool = True) -> int:
+        if self.ndim == 1:
+            return self.max_size
+        if self.initialized:
+            return self._total_shape.numel()
+        rows = self._max_size_along_dim0(**{"batched_data" if batched else "single_data": data})
+        shape = leading_shape(data, self.ndim if batched else self.ndim - 1)
+        return rows * torch.Size(shape[1:] if batched else shape).numel()
+
     @property
     def shape(self) -> torch.Size | None:
         if not self.initialized:

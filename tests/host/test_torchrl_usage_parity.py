@@ -1221,3 +1221,28 @@ def test_a_storage_writes_the_grid_of_ints_and_slices_of_a_tuple_cursor_as_torch
     with pytest.raises(gpubuf.errors.InvalidIndexError):
         storage.set((0, 1, 0), TensorDict({"a": torch.ones(1)}, [1]), set_cursor=False)
     assert storage.get(slice(None))["a"].abs().sum() == 0
+
+
+@pytest.mark.parametrize("kind", ["prioritized", "prioritized_slice"])
+def test_a_priority_tree_smaller_than_the_storage_s_rounded_capacity_is_refused_before_writing(kind):
+    """``LazyTensorStorage(9, ndim=2)`` holds whole rows of 5: 10 elements. A tree of 9 would
+    refuse the tenth after the rows were written; the extend is refused first, the buffer as it
+    was, and a tree of 10 takes them."""
+
+    def buffer(capacity):
+        if kind == "prioritized":
+            sampler = gpubuf.PrioritizedSampler(max_capacity=capacity, alpha=0.7, beta=0.9)
+        else:
+            sampler = gpubuf.PrioritizedSliceSampler(max_capacity=capacity, alpha=0.7, beta=0.9, num_slices=2,
+                                                     traj_key="traj")
+        return gpubuf.TensorDictReplayBuffer(storage=gpubuf.LazyTensorStorage(9, ndim=2), sampler=sampler, batch_size=4)
+
+    data = TensorDict({"traj": torch.arange(2).unsqueeze(1).expand(2, 5), "obs": torch.randn(2, 5)}, [2, 5])
+    rb = buffer(9)
+    with pytest.raises(gpubuf.errors.CapacityError, match="max_capacity=10"):
+        rb.extend(data)
+    assert (len(rb), rb.write_count, rb.storage.initialized) == (0, 0, False)
+    rb = buffer(10)
+    index = rb.extend(data)
+    rb.update_priority(index, torch.full((index.shape[0],), 2.0))
+    assert len(rb) == 10 and rb.sample().batch_size == (4,)
