@@ -41,7 +41,7 @@ from gpubuf.samplers.random import RandomSampler, _check_batch_size
 from gpubuf.storages._layout import expand_as_batch, is_tensor_collection
 from gpubuf.storages.base import Storage, check_device, check_fits_memory
 from gpubuf.storages.list import ListStorage
-from gpubuf.storages.items import is_int
+from gpubuf.storages.items import element_coordinates, is_int
 from gpubuf.storages.tensor import TensorStorage
 from gpubuf.writers import RoundRobinWriter, Writer
 
@@ -458,8 +458,8 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
     ) -> Any:
         """Reads the items at a sampler's ``index``: gather, build, collate, onto the batch device.
 
-        ``route`` is :meth:`_route`'s, taken once per sample by the caller. ``fills`` maps positions of the storage's layout to tensors that replace those leaves
-        instead of gathering them (one entry per item, on the storage's device). ``extra`` maps
+        ``route`` is :meth:`_route`'s, taken once per sample by the caller. ``fills`` maps positions
+        of the storage's layout to tensors that replace those leaves instead of gathering them (one entry per item, on the storage's device). ``extra`` maps
         keys to tensors of one entry per item (the sampler's info) that a TensorDict batch gets
         as entries. The batch lands on the buffer's batch device (see ``batch_device``); a CUDA
         batch made on a side stream is only valid there until :meth:`_hand_out`.
@@ -504,7 +504,7 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
 
     def _finish(self, data: Any) -> Any:
         """Transforms and pins a read batch."""
-        if self._transform._items:
+        if len(self._transform):
             data = self._apply_transform(data)
         if self._pin_memory and torch.cuda.is_available() and _holds_tensors(data):
             device = data.device
@@ -768,30 +768,15 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
                 "expected an int, a slice with a positive step, a sequence or tensor of ints, or a boolean mask"
             ) from None
 
-    def _elements_of(self, index: tuple) -> tuple[tuple[torch.Tensor, ...], torch.Size]:
-        """The storage coordinates of the elements a tuple ``index`` picks in the buffer's view of an
-        ``ndim > 1`` storage extended along ``dim_extend > 0`` (the storage's dims 0 and
-        ``dim_extend`` swapped, as ``rb[:]`` shows it), and the shape of the picked elements.
-
-        Any torch index works (ints, slices, index tensors, masks): it picks from a grid of the
-        written elements' positions (8 bytes an element, made per call).
-        """
-        shape = self._storage.shape
-        view = torch.arange(shape.numel()).reshape(shape).transpose(0, self._dim_extend)
-        picked = view[index]
-        return torch.unravel_index(picked.reshape(-1), shape), picked.shape
-
     def _getitem(self, index: Any) -> Any:
-        if isinstance(index, tuple) and self._dim_extend > 0:
-            # Elements of the buffer's view (rb[0, 3:5]: the first row of the data as extended).
-            with self._lock:
-                coords, shape = self._elements_of(index)
-                data = self._storage.get(coords)
-            data = data.reshape(shape) if is_tensor_collection(data) else data.reshape(*shape, *data.shape[1:])
-            data = self._collate_fn(data)
-            return self._apply_transform(data) if len(self._transform) else data
         with self._lock:
-            if self._dim_extend > 0:
+            if isinstance(index, tuple) and self._dim_extend > 0:
+                # Elements of the buffer's view (rb[0, 3:5]: the first row of the data as
+                # extended; dims 0 and dim_extend of the storage exchanged, as rb[:] shows them).
+                coords, shape = element_coordinates(self._storage.shape, index, self._dim_extend)
+                data = self._storage.get(coords)
+                data = data.reshape(shape) if is_tensor_collection(data) else data.reshape(*shape, *data.shape[1:])
+            elif self._dim_extend > 0:
                 # As in TorchRL: the index runs along the dim the data was extended along, and the
                 # result comes back in the layout it was given in (an int drops that dim).
                 data = self._storage.get((slice(None),) * self._dim_extend + (index,))
@@ -817,7 +802,7 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
                 # Elements of the buffer's view, as _getitem reads them; a collection is broadcast
                 # over the picked elements (rb[:, 10:20] = td of batch [10]).
                 try:
-                    index, shape = self._elements_of(index)
+                    index, shape = element_coordinates(self._storage.shape, index, self._dim_extend)
                 except (IndexError, TypeError, ValueError, RuntimeError) as err:
                     raise InvalidIndexError(
                         f"index {_describe(index)} cannot address this buffer's elements ({type(err).__name__}: {err}); "
@@ -831,7 +816,10 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
                             f"a value of batch size {list(value.batch_size)} for {list(shape)} elements: expected that "
                             "batch size, or one that broadcasts to it"
                         ) from None
-                value = value.reshape(-1) if is_tensor_collection(value) else value.reshape(-1, *value.shape[len(shape):])
+                if is_tensor_collection(value):
+                    value = value.reshape(-1)
+                else:
+                    value = value.reshape(-1, *value.shape[len(shape) :])
             self._invalidate_prefetch()
             self._storage.set(index, value, set_cursor=False)
 

@@ -40,11 +40,10 @@ _EMPTY = "Cannot sample from an empty storage. Extend the buffer first."
 _ALL_ZERO = "every priority is 0: nothing can be sampled (use eps > 0)"
 _UNBOUND = object()
 _REDUCTIONS = ("max", "min", "median", "mean")
-_INT_DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def _check_exponent(name: str, value: Any) -> float:
-    if isinstance(value, torch.Tensor) and value.numel() == 1 and (value.is_floating_point() or value.dtype in _INT_DTYPES):
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex() and value.dtype != torch.bool:
         # As TorchRL, a one-element tensor (a schedule's value) is taken as its number: read once, here.
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:

@@ -17,7 +17,10 @@ from gpubuf.storages._layout import is_tensor_collection
 from gpubuf.storages.checks import check_device
 from gpubuf.utils import is_int
 
-__all__ = ["AUTO_DEVICE", "as_device", "batch_length", "is_int", "leading_shape", "leading_size", "stack_items"]
+__all__ = [
+    "AUTO_DEVICE", "as_device", "batch_length", "element_coordinates", "is_int", "leading_shape", "leading_size",
+    "stack_items",
+]
 
 #: The ``device=`` values that mean "the device of the first batch written".
 AUTO_DEVICE = ("auto", None)
@@ -98,7 +101,8 @@ def stack_items(items: list) -> Any:
         try:
             return torch.stack(items)
         except (RuntimeError, TypeError, ValueError) as err:
-            raise SchemaMismatchError(f"Stacking the elements of the list resulted in an error: the items do not stack into one batch ({err})") from err
+            raise SchemaMismatchError("Stacking the elements of the list resulted in an error: the items do not stack into one batch "
+                f"({err})") from err
     if isinstance(first, (tuple, dict)):
         flat = [pytree.tree_flatten(item) for item in items]
         spec = flat[0][1]
@@ -112,9 +116,31 @@ def stack_items(items: list) -> Any:
         try:
             leaves = [torch.stack([f[0][i] for f in flat]) for i in range(len(flat[0][0]))]
         except (RuntimeError, TypeError) as err:
-            raise SchemaMismatchError(f"Stacking the elements of the list resulted in an error: the items do not stack into one batch ({err})") from err
+            raise SchemaMismatchError("Stacking the elements of the list resulted in an error: the items do not stack into one batch "
+                f"({err})") from err
         return pytree.tree_unflatten(leaves, spec)
     raise UnsupportedDataError(
         f"a tensor storage holds tensors, TensorDicts, tensorclasses or pytrees of tensors; got a list of "
         f"{type(first).__name__}. Use ListStorage for arbitrary Python objects"
     )
+
+
+def element_coordinates(
+    shape: torch.Size, index: Any, swap: int = 0
+) -> tuple[tuple[torch.Tensor, ...], torch.Size]:
+    """The coordinates, in a storage of ``shape``, of the elements ``index`` picks, and the shape
+    of the picked block.
+
+    ``index`` is any torch index (ints, slices, index tensors, masks) over the storage's dims, or,
+    with ``swap > 0``, over its view with dims 0 and ``swap`` exchanged (a buffer extended along
+    ``dim_extend = swap`` shows its storage so). It picks from a grid of the positions (8 bytes an
+    element, made per call).
+
+    Raises:
+        IndexError, TypeError, ValueError, RuntimeError: what torch raises for the index.
+    """
+    view = torch.arange(shape.numel()).reshape(shape)
+    if swap:
+        view = view.transpose(0, swap)
+    picked = view[index]
+    return torch.unravel_index(picked.reshape(-1), shape), picked.shape

@@ -36,7 +36,15 @@ from gpubuf.host_memory import HUGE_PAGE_BYTES, empty_host, huge_pages_enabled
 from gpubuf.storages._layout import Layout
 from gpubuf.storages.base import Storage
 from gpubuf.storages.checks import check_fits_memory, check_max_size, check_state_keys
-from gpubuf.storages.items import AUTO_DEVICE, as_device, is_int, leading_shape, leading_size, stack_items
+from gpubuf.storages.items import (
+    AUTO_DEVICE,
+    as_device,
+    element_coordinates,
+    is_int,
+    leading_shape,
+    leading_size,
+    stack_items,
+)
 
 
 
@@ -170,7 +178,10 @@ class TensorStorage(Storage):
             return self.max_size
         if self.initialized:
             return self._total_shape.numel()
-        rows = self._max_size_along_dim0(**{"batched_data" if batched else "single_data": data})
+        if batched:
+            rows = self._max_size_along_dim0(batched_data=data)
+        else:
+            rows = self._max_size_along_dim0(single_data=data)
         shape = leading_shape(data, self.ndim if batched else self.ndim - 1)
         return rows * torch.Size(shape[1:] if batched else shape).numel()
 
@@ -327,17 +338,24 @@ class TensorStorage(Storage):
         the data with one leading dim over them.
 
         Ints and index sequences broadcast together (one element per position); a tuple of ints and
-        slices addresses every element of their grid (``rb[0, 3:5]``), and data whose leading dims
-        are that grid's shape is flattened to match.
+        slices addresses every element of their grid (``storage[0, 3:5]``; trailing dims left out
+        are whole, as in torch), and data whose leading dims are that grid's shape is flattened to
+        match.
 
         Raises:
             EmptyBufferError: the storage holds nothing yet (its dims are not known).
             InvalidIndexError: slices mixed with index sequences, or more entries than dims.
+            IndexOutOfRangeError: an int or slice bound past a dim of a grid cursor.
         """
         if len(cursor) > self.ndim:
             raise InvalidIndexError(f"a cursor of {len(cursor)} entries for a storage of ndim={self.ndim}")
         if not any(isinstance(c, slice) for c in cursor):
             parts = [torch.as_tensor(c, dtype=torch.long).reshape(-1) for c in cursor]
+            if self.initialized:
+                # Dim 0 is checked with the rows written; the others here, before anything is.
+                for dim, (part, size) in enumerate(zip(parts[1:], self._total_shape[1:]), 1):
+                    if part.numel() and not (-size <= int(part.min()) and int(part.max()) < size):
+                        raise IndexOutOfRangeError(f"cursor {cursor!r}: dim {dim} holds {size} elements")
             return tuple(t.contiguous() for t in torch.broadcast_tensors(*parts)), data
         if not all(isinstance(c, slice) or is_int(c) for c in cursor):
             raise InvalidIndexError(
@@ -346,15 +364,15 @@ class TensorStorage(Storage):
             )
         if not self.initialized:
             raise EmptyBufferError("element-wise writes need an initialised storage: extend it first")
-        sizes = self._total_shape
-        cursor = cursor + (slice(None),) * (self.ndim - len(cursor))  # trailing dims whole, as numpy
-        ranges = [torch.arange(sizes[d])[c] if isinstance(c, slice) else torch.tensor([int(c)]) for d, c in enumerate(cursor)]
-        grid = torch.meshgrid(*ranges, indexing="ij")
-        shape = tuple(len(r) for r, c in zip(ranges, cursor) if isinstance(c, slice))
+        try:
+            coords, shape = element_coordinates(self._total_shape, cursor)
+        except IndexError as err:
+            raise IndexOutOfRangeError(f"cursor {cursor!r} is out of range for a storage of shape "
+                                       f"{list(self._total_shape)}: {err}") from None
         batch = getattr(data, "shape", None)
-        if len(shape) > 1 and batch is not None and tuple(batch[: len(shape)]) == shape:
+        if len(shape) > 1 and batch is not None and tuple(batch[: len(shape)]) == tuple(shape):
             data = data.reshape(-1, *batch[len(shape) :])
-        return tuple(g.reshape(-1) for g in grid), data
+        return coords, data
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         """Writes ``data`` at ``cursor``.

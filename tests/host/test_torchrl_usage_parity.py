@@ -898,9 +898,14 @@ def test_one_element_tensors_are_taken_as_exponents_as_torchrl():
         return float(sampler.alpha), float(sampler.beta)
 
     assert both(run)[0] == both(run)[1] == (1.0, 0.25)
-    for bad in (torch.tensor([0.5, 0.6]), torch.tensor(-1.0), torch.tensor(float("nan")), torch.tensor(True)):
+    sampler = gpubuf.PrioritizedSampler(10, alpha=0.5, beta=0.5)
+    for bad in (torch.tensor([0.5, 0.6]), torch.tensor(-1.0), torch.tensor(float("nan")), torch.tensor(True),
+                torch.tensor(1j)):
         with pytest.raises(ValueError):
             gpubuf.PrioritizedSampler(10, alpha=bad, beta=0.5)
+        with pytest.raises(ValueError):
+            sampler.alpha = bad
+        assert sampler.alpha == 0.5
 
 
 @LIBS
@@ -1220,6 +1225,9 @@ def test_a_storage_writes_the_grid_of_ints_and_slices_of_a_tuple_cursor_as_torch
         storage.set((slice(0, 2), [0, 1]), TensorDict({"a": torch.ones(2)}, [2]), set_cursor=False)
     with pytest.raises(gpubuf.errors.InvalidIndexError):
         storage.set((0, 1, 0), TensorDict({"a": torch.ones(1)}, [1]), set_cursor=False)
+    for cursor in ((0, 5), (0, [1, 2]), (30, slice(0, 1))):  # past dim 1's 2 elements, or dim 0's 10 rows
+        with pytest.raises(gpubuf.errors.IndexOutOfRangeError):
+            storage.set(cursor, TensorDict({"a": torch.ones(1)}, [1]), set_cursor=False)
     assert storage.get(slice(None))["a"].abs().sum() == 0
 
 
