@@ -320,6 +320,9 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
     def set_storage(self, storage: Storage, collate_fn: Callable | None = None) -> Storage:
         self._invalidate_prefetch()
         previous, self._storage = self._storage, storage
+        if self in previous._attached_entities:
+            previous._attached_entities.remove(self)  # writes there are no longer this buffer's rows
+        storage.attach(self)
         storage._backend = self._backend
         self._writer.register_storage(storage)
         self._sampler._bind(storage)
@@ -374,6 +377,7 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
             if index is None:
                 index = self._writer.add(data)
             self._sampler.add(index)
+        self._tell_sharers(index)
         return index
 
     def extend(self, data: Any, *, update_priority: bool | None = None) -> torch.Tensor:
@@ -420,7 +424,17 @@ class ReplayBuffer(BufferExtras, metaclass=DelayedInitMeta):
             if index is None:
                 index = self._writer.extend(data)
             self._sampler.extend(index)
+        self._tell_sharers(index)
         return index
+
+    def _tell_sharers(self, index: Any) -> None:
+        """Tells the other entities attached to the storage (buffers sharing it) of the rows this
+        buffer wrote at ``index``, as TorchRL's writers tell every attached entity: their samplers
+        then know the rows (a prioritized sampler gives them the default priority). Called after
+        this buffer's lock is released, so two buffers writing at once never wait on each other."""
+        for entity in self._storage._attached_entities:
+            if entity is not self:
+                entity.mark_update(index)
 
     def update_priority(self, index: Any, priority: Any) -> None:
         """Sets the priorities of items (prioritized samplers; a no-op for the others).

@@ -106,6 +106,7 @@ class TensorDictReplayBuffer(ReplayBuffer):
             self._invalidate_prefetch()
             index = self._writer.add(data)
             self._sampler.add(index)
+        self._tell_sharers(index)
         if isinstance(data, TensorDictBase):
             if isinstance(index, int) and _entry(data, "index") is None:
                 # A writer that records no "index" (a plain RoundRobinWriter): the update reads

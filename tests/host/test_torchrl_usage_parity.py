@@ -1254,3 +1254,51 @@ def test_a_priority_tree_smaller_than_the_storage_s_rounded_capacity_is_refused_
     index = rb.extend(data)
     rb.update_priority(index, torch.full((index.shape[0],), 2.0))
     assert len(rb) == 10 and rb.sample().batch_size == (4,)
+
+
+# ---------------------------------------------------------------------- buffers sharing one storage
+def _two_buffers_over_one_storage(lib, make_sampler):
+    """Two buffers over one storage and one writer; the first writes, the second samples."""
+    storage, writer = lib.LazyTensorStorage(16), lib.RoundRobinWriter()
+    first = lib.ReplayBuffer(storage=storage, writer=writer, sampler=make_sampler(lib), batch_size=4)
+    second = lib.ReplayBuffer(storage=storage, writer=writer, sampler=make_sampler(lib), batch_size=4)
+    first.extend(torch.arange(6) * 10)
+    first.add(torch.tensor(60))
+    return second
+
+
+@pytest.mark.parametrize(
+    "make_sampler",
+    [
+        lambda lib: lib.RandomSampler(),
+        lambda lib: lib.SamplerWithoutReplacement(),
+        lambda lib: lib.PrioritizedSampler(16, alpha=0.7, beta=0.5),
+    ],
+    ids=["random", "without_replacement", "prioritized"],
+)
+def test_a_second_buffer_over_a_shared_storage_samples_the_first_buffer_s_rows_as_torchrl(make_sampler):
+    theirs, ours = both(lambda lib: _two_buffers_over_one_storage(lib, make_sampler))
+    assert len(ours) == len(theirs) == 7
+    expected = set(range(0, 70, 10))
+    for rb in (theirs, ours):
+        drawn = set()
+        for _ in range(64):
+            drawn.update(rb.sample().tolist())
+        assert drawn == expected  # every row the first buffer wrote, and only those
+    if isinstance(ours.sampler, gpubuf.PrioritizedSampler):
+        # The rows got the default priority through the second buffer's sampler: equal weights.
+        _, info = ours.sample(return_info=True)
+        assert torch.allclose(info["priority_weight"], torch.ones(4, dtype=info["priority_weight"].dtype))
+
+
+def test_a_buffer_given_another_storage_hears_only_of_the_new_one_s_writes():
+    old, new = gpubuf.LazyTensorStorage(8), gpubuf.LazyTensorStorage(8)
+    rb = gpubuf.ReplayBuffer(storage=old, sampler=gpubuf.PrioritizedSampler(8, 0.7, 0.5), batch_size=2)
+    rb.set_storage(new)
+    assert rb not in old._attached_entities and rb in new._attached_entities
+    other = gpubuf.ReplayBuffer(storage=old, batch_size=2)
+    other.extend(torch.arange(8))  # rows of the old storage: rb's sampler is not told of them
+    sharer = gpubuf.ReplayBuffer(storage=new, batch_size=2)
+    sharer.extend(torch.arange(3))
+    assert len(rb) == 3
+    assert set(rb.sample(64).tolist()) <= {0, 1, 2}
