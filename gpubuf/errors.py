@@ -30,6 +30,7 @@ __all__ = [
     "StorageExistsError",
     "DiskFullError",
     "StorageMismatchError",
+    "NotSharableError",
     "StorageNotSharableError",
     "RankKeyError",
     "RankValueError",
@@ -136,7 +137,11 @@ class StorageMismatchError(SchemaMismatchError):
     """A storage found on disk was made with another capacity, ``ndim`` or data layout."""
 
 
-class StorageNotSharableError(GpubufError, RuntimeError):
+class NotSharableError(GpubufError, RuntimeError):
+    """A component cannot be sent to a spawned process: the copy there would diverge from this one."""
+
+
+class StorageNotSharableError(NotSharableError):
     """A storage cannot be sent to another process in its current state."""
 
 

@@ -104,8 +104,7 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
             if isinstance(storage, LazyTensorStorage):
                 shadow._layout = shadow._leaves = shadow._flat_leaves = None
                 shadow._rest_shape = torch.Size()
-            shadow._len = 0
-            return apply
+            return _committing_length(apply, storage, 0)
         layout, leaves = self.decode_content(storage, state, arrays, context)
         if is_memmap(storage):
             return self._memmap_from_checkpoint(storage, state, layout, leaves, context)
@@ -130,10 +129,9 @@ class TensorStorageCheckpointer(StorageCheckpointerBase):
             shadow._install(layout, leaves)
         except Exception as err:  # the storage's own checks: a layout it does not accept
             raise CheckpointMismatchError(f"the storage refused the checkpoint's layout: {err}") from err
-        shadow._len = length
         if storage._auto_device:
             shadow.device = device
-        return apply
+        return _committing_length(apply, storage, length)
 
     def _validated(self, storage: Any, state: dict, layout: Any, leaves: list) -> tuple[int, int]:
         """Checks leaves against the layout and the target's ndim and capacity; returns ``(cap0, len)``."""
@@ -304,3 +302,15 @@ def _tell_hooks_the_ring(storage: Any, hooks: list, context: Context) -> None:
             hook.is_full = bool(storage._is_full)
         if hasattr(hook, "shift"):
             hook.shift = shift
+
+
+def _committing_length(apply: Apply, storage: Any, length: int) -> Apply:
+    """``apply``, then the storage's length set to ``length``. The length lives in the storage's
+    write state, an object a shallow shadow shares with the storage: set on the shadow, it would
+    change the storage before the checkpoint is known to load."""
+
+    def commit() -> None:
+        apply()
+        storage._len = length
+
+    return commit

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
+from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ from gpubuf.errors import (
     EmptyBufferError,
     IndexOutOfRangeError,
     InvalidArgumentError,
+    NotSharableError,
     PriorityError,
     SchemaMismatchError,
     StateDictError,
@@ -286,6 +288,21 @@ class PrioritizedSampler(Sampler):
         sumtree_check(self._tree)
 
     # ------------------------------------------------------------------ storage and devices
+    def __getstate__(self) -> dict[str, Any]:
+        """The sampler's state for pickling; refused for a spawned process, as by TorchRL.
+
+        Raises:
+            NotSharableError: sent to a spawned process (a ``multiprocessing`` argument): the
+                child would update a copy of the priority tree that this process never sees.
+        """
+        if get_spawning_popen() is not None:
+            raise NotSharableError(
+                f"Samplers of type {type(self).__name__} cannot be shared between processes: a spawned process would "
+                "update a copy of the priority tree that this one never sees; expected a SharedPrioritizedSampler "
+                "(one tree in shared memory for every process), or the sampler kept in one process"
+            )
+        return dict(self.__dict__)
+
     def _bind(self, storage: Any) -> None:
         """Remembers ``storage`` and, without an explicit device, moves the tree to the storage's."""
         if storage is None:

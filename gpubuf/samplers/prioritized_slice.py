@@ -111,6 +111,11 @@ class PrioritizedSliceSampler(SliceSampler, PrioritizedSampler):
             self.span = (0, self.span[1])
         self._reset_held()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Refused for a spawned process, as a :class:`PrioritizedSampler`; else the slice sampler's state."""
+        PrioritizedSampler.__getstate__(self)
+        return SliceSampler.__getstate__(self)
+
     def _reset_held(self) -> None:
         """An empty held tree, no exclusion, and the device constants, on the tree's device."""
         device = self._tree.device

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 import numpy as np
 import torch
 
 from gpubuf.errors import (
+    StorageNotSharableError,
     EmptyBufferError,
     IndexOutOfRangeError,
     InvalidIndexError,
@@ -40,6 +42,22 @@ class ListStorage(Storage):
         self._storage: list = []
         # A device that does not exist here is refused now, not at the first write.
         self.device = None if device is None else check_device(device)
+
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The storage's state for pickling; refused for a spawned process, as by TorchRL.
+
+        Raises:
+            StorageNotSharableError: sent to a spawned process (a ``multiprocessing`` argument):
+                the items live in this process's memory, so the child's writes would go to a copy.
+        """
+        if get_spawning_popen() is not None:
+            raise StorageNotSharableError(
+                f"Cannot share a storage of type {type(self).__name__} between processes: its items live in this "
+                "process's memory, so a spawned process would write to a copy that this one never sees; expected a "
+                "tensor storage (LazyTensorStorage, LazyMemmapStorage), whose rows are shared"
+            )
+        return dict(self.__dict__)
 
     def _to_device(self, data: Any) -> Any:
         if self.device is not None and hasattr(data, "to"):

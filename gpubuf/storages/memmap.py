@@ -161,8 +161,6 @@ class LazyMemmapStorage(LazyTensorStorage):
         shared_init: bool = False,
         auto_cleanup: bool | None = None,
     ) -> None:
-        # The write state must exist before the base class touches the length.
-        self._state: LocalState | FileState = LocalState()
         self._files: list[_LeafFile] | None = None
         self._pending_device: torch.device | None = None
         self._cleaner = _cleanup.Cleaner(auto=False)
@@ -200,22 +198,6 @@ class LazyMemmapStorage(LazyTensorStorage):
             raise StorageMismatchError(str(err)) from err
         except OSError as err:
             raise files.typed_os_error(err, f"cannot open the storage state in {self.scratch_dir}") from err
-
-    @property
-    def _write_state(self) -> LocalState | FileState:
-        """The length, cursor and write count that every handle of this storage shares."""
-        return self._state
-
-    @property
-    def _len(self) -> int:
-        return self._state.length
-
-    @_len.setter
-    def _len(self, value: int) -> None:
-        # TensorStorage.__init__ assigns the length before our state exists: nothing to keep.
-        state = self.__dict__.get("_state")
-        if state is not None:
-            state.length = int(value)
 
     @property
     def initialized(self) -> bool:

@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import bisect
 import math
+import shutil
+import tempfile
+import weakref
 from collections.abc import Mapping
+from multiprocessing.context import get_spawning_popen
 from typing import Any, Collection, Sequence
 
 import numpy as np
@@ -29,11 +33,13 @@ from gpubuf.errors import (
     InvalidArgumentError,
     InvalidIndexError,
     SchemaMismatchError,
+    StorageNotSharableError,
 )
 from gpubuf.ops.gather_rows import gather_rows_trusted
 from gpubuf.ops.write_rows import write_rows_trusted
 from gpubuf.host_memory import HUGE_PAGE_BYTES, empty_host, huge_pages_enabled
 from gpubuf.storages._layout import Layout
+from gpubuf.storages._shared import FileState, LocalState
 from gpubuf.storages.base import Storage
 from gpubuf.storages.checks import check_fits_memory, check_max_size, check_state_keys
 from gpubuf.storages.items import (
@@ -106,6 +112,7 @@ class TensorStorage(Storage):
             )
         if isinstance(ndim, bool) or not isinstance(ndim, int) or ndim < 1:
             raise InvalidArgumentError(f"ndim must be a positive int, got {ndim!r}")
+        self._state: LocalState | FileState = LocalState()
         self.ndim = ndim
         self._layout: Layout | None = None
         self._leaves: list[torch.Tensor] | None = None
@@ -147,6 +154,52 @@ class TensorStorage(Storage):
     @property
     def initialized(self) -> bool:
         return self._leaves is not None
+
+    # ------------------------------------------------------------------ write state
+    @property
+    def _write_state(self) -> LocalState | FileState:
+        """The length, cursor and write count that every writer of this storage shares: in this
+        process (:class:`~gpubuf.storages._shared.LocalState`) until the storage is sent to a
+        spawned process, then in a state file that both sides map (see :meth:`__getstate__`)."""
+        return self._state
+
+    @property
+    def _len(self) -> int:
+        return self._state.length
+
+    @_len.setter
+    def _len(self, value: int) -> None:
+        self._state.length = int(value)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The storage's state for pickling. Sent to a spawned process (a ``multiprocessing``
+        argument), the rows travel as shared memory (torch's reductions) and the counters move to
+        a state file in a temporary directory that both processes map, so that every process's
+        writes reserve distinct rows and all of them see one length (TorchRL shares the same
+        through ``multiprocessing.Value``s). A plain ``pickle`` makes an independent copy.
+
+        Raises:
+            StorageNotSharableError: sent to a spawned process before the first write (the child
+                would allocate rows of its own that this process never sees).
+        """
+        if get_spawning_popen() is not None and not self._state.shared:
+            self._share_state()
+        return dict(self.__dict__)
+
+    def _share_state(self) -> None:
+        if not self.initialized:
+            raise StorageNotSharableError(
+                f"Cowardly refusing to share a storage of type {type(self).__name__} between processes if it has not "
+                "been initialized yet: expected some data written first, in the main process (or a "
+                "LazyTensorStorage(shared_init=True), which the processes initialise together)"
+            )
+        local = self._state
+        directory = tempfile.mkdtemp(prefix="gpubuf-state-")
+        shared = FileState.open(directory, max_size=self.max_size, ndim=self.ndim, reset=True)
+        shared.length, shared.cursor, shared.write_count = local.length, local.cursor, local.write_count
+        self._state = shared
+        # The directory is this process's: removed with the storage (mapped files stay valid).
+        weakref.finalize(self, shutil.rmtree, directory, True)
 
     def __len__(self) -> int:
         return self._len

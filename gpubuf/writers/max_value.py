@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 import torch
@@ -10,6 +11,7 @@ from tensordict import TensorDictBase, is_tensorclass
 from gpubuf.errors import (
     ComponentTypeError,
     InvalidArgumentError,
+    NotSharableError,
     RankKeyError,
     RankValueError,
     SchemaMismatchError,
@@ -73,6 +75,22 @@ class TensorDictMaxValueWriter(Writer):
     @property
     def reduction(self) -> str:
         return self._reduction
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The writer's state for pickling; refused for a spawned process, as by TorchRL.
+
+        Raises:
+            NotSharableError: sent to a spawned process (a ``multiprocessing`` argument): the
+                ranks of the kept rows live in this process, so two processes would evict and
+                overwrite each other's rows.
+        """
+        if get_spawning_popen() is not None:
+            raise NotSharableError(
+                f"Writers of type {type(self).__name__} cannot be shared between processes: the ranks of the kept rows "
+                "live in this process, so processes writing at once would overwrite each other's rows; expected a "
+                "RoundRobinWriter, or the writer kept in one process"
+            )
+        return dict(self.__dict__)
 
     def register_storage(self, storage: Any) -> None:
         if storage.ndim > 1:

@@ -332,3 +332,81 @@ def test_shared_prioritized_sampler_fork():
     weight = info["priority_weight"]
     assert torch.allclose(weight.double(), (leaves[info["index"]] / leaves[leaves > 0].min()) ** -1.0, rtol=1e-5)
     storage.cleanup()
+
+
+# ------------------------------------------------------------------ in-memory tensor storages, spawned
+def _spawned_tensor_writer(rb, wid: int, n: int, batch: int, barrier) -> None:
+    barrier.wait()
+    for s in range(0, n, batch):
+        rb.extend(_rows(wid, torch.arange(s, s + batch)))
+
+
+def test_spawned_processes_extending_a_lazy_tensor_storage_lose_no_rows():
+    """TorchRL's usage with an in-memory storage: the buffer itself goes to spawned workers. The
+    rows travel as shared memory and the length and cursor as a shared state file, so the workers'
+    rows land in distinct slots the parent sees, and the parent's own writes go on after them."""
+    workers, per_worker, batch = 3, 600, 50
+    rb = gpubuf.TensorDictReplayBuffer(storage=gpubuf.LazyTensorStorage(4_000), batch_size=16)
+    rb.extend(_rows(-1, torch.arange(10)))
+    barrier = SPAWN.Barrier(workers)
+    procs = [SPAWN.Process(target=_spawned_tensor_writer, args=(rb, w, per_worker, batch, barrier)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    _join(procs)
+    total = 10 + workers * per_worker
+    assert len(rb) == total and rb.write_count == total
+    data = rb[:]
+    assert torch.equal(data["index"], torch.arange(total))  # each slot holds the row written there
+    key = data["wid"] * per_worker + data["seq"]
+    assert torch.unique(key[data["wid"] >= 0]).numel() == workers * per_worker  # none lost, none twice
+    rb.extend(_rows(-2, torch.arange(5)))  # the parent's cursor is past the workers' rows
+    assert len(rb) == total + 5 and torch.equal(rb[total:]["wid"], torch.full((5,), -2))
+    assert set(rb.sample(256)["wid"].unique().tolist()) <= {-2, -1, 0, 1, 2}
+
+
+def test_an_empty_lazy_tensor_storage_is_not_sent_to_a_spawned_process():
+    rb = gpubuf.TensorDictReplayBuffer(storage=gpubuf.LazyTensorStorage(10))
+    proc = SPAWN.Process(target=_torchrl_worker, args=(rb,))
+    with pytest.raises(StorageNotSharableError, match="Cowardly refusing to share a storage of type LazyTensorStorage"):
+        proc.start()
+    rb.extend(TensorDict({"a": torch.zeros(3)}, [3]))  # the buffer still works, on its own
+    assert len(rb) == 3
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda lib: lib.TensorDictReplayBuffer(storage=lib.ListStorage(20)), "Cannot share a storage of type"),
+        (lambda lib: lib.TensorDictReplayBuffer(storage=lib.LazyStackStorage(20)), "Cannot share a storage of type"),
+        (lambda lib: lib.TensorDictReplayBuffer(storage=lib.LazyMemmapStorage(20),
+                                                sampler=lib.PrioritizedSampler(20, 0.7, 0.5)),
+         "cannot be shared between processes"),
+        (lambda lib: lib.TensorDictReplayBuffer(storage=lib.LazyMemmapStorage(20),
+                                                sampler=lib.PrioritizedSliceSampler(20, 0.7, 0.5, num_slices=2)),
+         "cannot be shared between processes"),
+        (lambda lib: lib.TensorDictReplayBuffer(storage=lib.LazyMemmapStorage(20),
+                                                writer=lib.TensorDictMaxValueWriter(rank_key="a")),
+         "cannot be shared between processes"),
+    ],
+    ids=["list", "lazy_stack", "prioritized", "prioritized_slice", "max_value_writer"],
+)
+def test_components_whose_state_stays_in_one_process_are_not_sent_to_a_spawned_process(make, match):
+    """As TorchRL refuses them: the child would write to copies the parent never sees. The refusal
+    comes before any process starts, and the buffer is unchanged; a plain pickle still copies."""
+    import pickle
+
+    # TorchRL's own tensor storages keep counters in fork-context multiprocessing values, which a
+    # spawn-context process refuses before TorchRL's refusal is reached: compared on list storages.
+    compared = "storage of type" in match
+    torchrl_data = pytest.importorskip("torchrl.data") if compared else None
+    for lib in (torchrl_data, gpubuf) if compared else (gpubuf,):
+        rb = make(lib)
+        rb.extend(TensorDict({"a": torch.arange(4.0), ("next", "done"): torch.zeros(4, 1, dtype=torch.bool)}, [4]))
+        proc = SPAWN.Process(target=_torchrl_worker, args=(rb,))
+        with pytest.raises(RuntimeError, match=match):
+            proc.start()
+        assert len(rb) == 4
+        if lib is gpubuf:
+            assert len(pickle.loads(pickle.dumps(rb))) == 4
+            with pytest.raises(gpubuf.errors.NotSharableError):
+                SPAWN.Process(target=_torchrl_worker, args=(rb,)).start()
