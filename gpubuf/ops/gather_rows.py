@@ -129,6 +129,8 @@ def gather_rows_trusted(sources: Sequence[torch.Tensor], index: torch.Tensor, *,
         backend: the storage's backend; ``"triton"`` takes the device path (one Triton launch)
             whatever the device, as CUDA tensors do under ``"auto"``.
     """
+    if not sources:  # every field filled by the caller (a TensorDict of only its "index")
+        return []
     if device_path(index, backend):
         return implementation("gather_rows", "triton")(list(sources), index, None)
     if resolve_backend(index, backend, has_cpu_kernel=True) == "numba":

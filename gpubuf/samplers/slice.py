@@ -891,7 +891,13 @@ class SliceSampler(Sampler):
                 truncated = torch.zeros((n, 1), dtype=torch.bool, device=device)
                 truncated[lasts] = True
             done = read_key(storage, done_key, out)
-            done = truncated.clone() if done is None else done.to(device) | truncated
+            if done is None:
+                done = truncated.clone()
+            else:
+                done = done.to(device)
+                # Stored flags of another dtype (a float done) read as set where nonzero; a
+                # bool one, the usual, takes no extra op.
+                done = (done if done.dtype == torch.bool else done != 0) | truncated
             terminated = read_key(storage, terminated_key, out)
             terminated = torch.zeros_like(truncated) if terminated is None else terminated.to(device)
             info[_out_key(truncated_key)] = truncated

@@ -370,3 +370,16 @@ def test_cpu_leaves_hold_exactly_their_capacity():
         leaf.share_memory_()
         assert leaf.is_shared()
     assert torch.equal(storage.get(index)["obs"], data["obs"][index])
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch", "triton"])
+def test_a_tensordict_buffer_of_items_without_entries_samples_their_indices(backend):
+    """A TensorDict without entries stores only the buffer's "index" column, which the read fills
+    itself: the gather has no field left to read (it indexed the first of none)."""
+    rb = gpubuf.TensorDictReplayBuffer(storage=LazyTensorStorage(10), batch_size=4, backend=backend,
+                                       generator=torch.Generator().manual_seed(0))
+    rb.extend(TensorDict({}, batch_size=[3]))
+    rb.add(TensorDict({}, batch_size=[]))
+    batch = rb.sample()
+    assert list(batch.keys()) == ["index"] and batch.batch_size == (4,)
+    assert set(batch["index"].tolist()) <= {0, 1, 2, 3}

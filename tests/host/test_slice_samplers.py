@@ -905,3 +905,22 @@ def test_prioritized_exclusions_for_a_new_slice_length_match_the_step_rule(ndim,
         tree, held = sampler.tree.values(), sampler._held.values()
         assert bool((tree[want] == 0).all()) and bool((held[~want] == 0).all())
         assert torch.allclose(tree + held, priorities)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.uint8])
+def test_end_flags_of_another_dtype_than_bool_mark_done_where_nonzero(dtype):
+    """A ``("next", "done")`` stored as numbers (float16, uint8): the batch's done flags are the
+    stored ones that are nonzero, or'ed with the truncation marks (a bitwise or of a float
+    raised ``NotImplementedError``)."""
+    rb = gpubuf.TensorDictReplayBuffer(storage=gpubuf.LazyTensorStorage(40), batch_size=8,
+                                       sampler=gpubuf.SliceSampler(num_slices=2, end_key=("next", "done")),
+                                       generator=torch.Generator().manual_seed(0))
+    done = torch.zeros(40, 1, dtype=dtype)
+    done[9::10] = 1
+    rb.extend(TensorDict({"obs": torch.arange(40), ("next", "done"): done}, [40]))
+    for _ in range(8):
+        batch = rb.sample()
+        flags = batch["next", "done"].reshape(-1)
+        assert flags.dtype == torch.bool
+        stored = rb[:]["next", "done"][batch["index"]].reshape(-1) != 0
+        assert torch.equal(flags, stored | batch["next", "truncated"].reshape(-1))
