@@ -34,7 +34,9 @@ def _check_sync(sync: bool) -> None:
     if not sync:
         raise NotImplementedError(
             "sync=False (writer processes with a uniform sampler, a learner-side priority tree) is not supported; "
-            "use sync=True"
+            "expected sync=True. For writer processes, give a buffer a SharedPrioritizedSampler (one priority tree in "
+            "shared memory that every process updates): PrioritizedReplayBuffer(sampler=...) or "
+            "TensorDictReplayBuffer(sampler=..., priority_key=...), and hand the workers that buffer"
         )
 
 

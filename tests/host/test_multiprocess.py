@@ -410,3 +410,24 @@ def test_components_whose_state_stays_in_one_process_are_not_sent_to_a_spawned_p
             assert len(pickle.loads(pickle.dumps(rb))) == 4
             with pytest.raises(gpubuf.errors.NotSharableError):
                 SPAWN.Process(target=_torchrl_worker, args=(rb,)).start()
+
+
+def _prioritized_tensor_worker(rb) -> None:
+    rb.extend(TensorDict({"a": torch.ones(10), "td_error": torch.full((10,), 100.0)}, [10]))
+
+
+def test_a_shared_prioritized_sampler_over_an_in_memory_storage_with_spawned_writers():
+    """What the refusal of ``sync=False`` points to: writer processes extend the buffer itself,
+    their rows' priorities go into the one shared tree, and the learner draws them."""
+    with pytest.raises(NotImplementedError, match="SharedPrioritizedSampler"):
+        gpubuf.TensorDictPrioritizedReplayBuffer(alpha=1.0, beta=0.5, sync=False)
+    rb = gpubuf.TensorDictReplayBuffer(storage=gpubuf.LazyTensorStorage(40), batch_size=256, priority_key="td_error",
+                                       sampler=SharedPrioritizedSampler(40, alpha=1.0, beta=0.5))
+    rb.extend(TensorDict({"a": torch.zeros(10), "td_error": torch.full((10,), 1.0)}, [10]))
+    procs = [SPAWN.Process(target=_prioritized_tensor_worker, args=(rb,))]
+    procs[0].start()
+    _join(procs)
+    assert len(rb) == 20 and torch.equal(rb[10:20]["a"], torch.ones(10))
+    drawn = rb.sample()["index"]
+    # Priorities 100 against 1: the workers' rows hold 1000/1010 of the mass.
+    assert 0.95 < float((drawn >= 10).float().mean()) <= 1.0
