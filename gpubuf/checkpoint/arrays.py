@@ -52,6 +52,8 @@ from gpubuf.checkpoint.writeback import Writeback
 PACK_THRESHOLD = 1 << 20
 #: Files read at once by a load (each on its own thread; the copies and page faults run in parallel).
 READERS = min(4, os.cpu_count() or 1)
+#: Files written at once by a dump, each on its own thread.
+WRITERS = READERS
 ALIGN = 64
 CHUNK = 16 << 20
 #: Bytes hashed and written at a time: small enough to be hashed and copied out of the CPU caches,
@@ -180,21 +182,23 @@ class ArraySet:
                 own.append(pending)
             else:
                 packs.setdefault(pending.name.split("/")[0] + "/packed.bin", []).append(pending)
+        placements: dict[str, list[tuple[int, _Pending]]] = {}
+        for pending in own:
+            rel = pending.name + ".bin"
+            placements[rel] = [(0, pending)]
+            table[pending.name] = _entry(rel, 0, pending)
+        for rel, members in packs.items():
+            placed, offset = placements.setdefault(rel, []), 0
+            for pending in members:
+                offset = -(-offset // ALIGN) * ALIGN
+                placed.append((offset, pending))
+                table[pending.name] = _entry(rel, offset, pending)
+                offset += pending.nbytes
         bar = progress_bar(self.nbytes, desc)
         unsynced: list[int] = []
         try:
-            for pending in own:
-                rel = pending.name + ".bin"
-                files[rel] = _write_file(root, rel, [(0, pending)], bar, unsynced)
-                table[pending.name] = _entry(rel, 0, pending)
-            for rel, members in packs.items():
-                placed, offset = [], 0
-                for pending in members:
-                    offset = -(-offset // ALIGN) * ALIGN
-                    placed.append((offset, pending))
-                    table[pending.name] = _entry(rel, offset, pending)
-                    offset += pending.nbytes
-                files[rel] = _write_file(root, rel, placed, bar, unsynced)
+            written = _write_files(root, placements, bar, unsynced)
+            files.update((rel, written[rel]) for rel in placements)
             for rel, entry in self.h5.items():
                 members = [self.arrays[name] for name in entry["arrays"]]
                 files[rel] = _write_h5(root, rel, members, entry["kwargs"], bar)
@@ -225,6 +229,30 @@ def _entry(rel: str, offset: int, pending: _Pending) -> dict:
     }
 
 
+def _file_bytes(placed: list[tuple[int, _Pending]]) -> int:
+    return max(offset + pending.nbytes for offset, pending in placed)
+
+
+def _write_files(root: Path, placements: dict[str, list[tuple[int, _Pending]]], bar: Any,
+                 unsynced: list[int]) -> dict[str, dict]:
+    """Writes each file of ``placements`` (see :func:`_write_file`), the largest first on up to
+    :data:`WRITERS` threads when two or more are large, and returns ``{file: its meta entry}``.
+
+    ``os.write`` copies into the page cache without the GIL, so that one thread's copy runs
+    while another hashes; every opened file is in ``unsynced`` even when a write fails."""
+    order = sorted(placements, key=lambda rel: -_file_bytes(placements[rel]))
+    if WRITERS < 2 or len(order) < 2 or _file_bytes(placements[order[1]]) < PACK_THRESHOLD:
+        return {rel: _write_file(root, rel, placements[rel], bar, unsynced) for rel in order}
+    with ThreadPoolExecutor(min(WRITERS, len(order))) as pool:
+        futures = {rel: pool.submit(_write_file, root, rel, placements[rel], bar, unsynced) for rel in order}
+        try:
+            return {rel: future.result() for rel, future in futures.items()}
+        except BaseException:
+            for future in futures.values():
+                future.cancel()
+            raise
+
+
 def _write_file(root: Path, rel: str, placed: list[tuple[int, _Pending]], bar: Any, unsynced: list[int]) -> dict:
     """Writes the arrays ``placed`` (at their offsets) to the new file ``root/rel``, hashing each
     piece as it goes out and handing each chunk to the disk; the open file goes to ``unsynced``,
@@ -236,7 +264,7 @@ def _write_file(root: Path, rel: str, placed: list[tuple[int, _Pending]], bar: A
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
     writeback = Writeback(fd)
     try:
-        _reserve(fd, max(offset + pending.nbytes for offset, pending in placed))
+        _reserve(fd, _file_bytes(placed))
         for offset, pending in placed:
             if offset > position:
                 pad = b"\x00" * (offset - position)
