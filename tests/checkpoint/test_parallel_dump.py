@@ -34,11 +34,20 @@ def _files_table(path) -> dict:
     return json.loads((path / "meta.json").read_text())["files"]
 
 
-def _open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def _files_open_under(root) -> list[str]:
+    """The files under ``root`` this process holds open (other tests' files may come and go)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # closed since listed
+        if target.startswith(str(root)):
+            found.append(target)
+    return found
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files through /proc")
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists open files through /proc")
 def test_large_files_are_written_on_threads_and_give_the_one_thread_checkpoint(tmp_path, monkeypatch):
     rb = _buffer(0)
     threads: dict[str, int] = {}
@@ -66,7 +75,7 @@ def test_large_files_are_written_on_threads_and_give_the_one_thread_checkpoint(t
     assert (loaded[:] == rb[:]).all()
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files through /proc")
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists open files through /proc")
 def test_a_failed_threaded_write_keeps_the_last_checkpoint_and_closes_every_file(tmp_path, monkeypatch):
     path = tmp_path / "ckpt"
     saved = _buffer(1)
@@ -82,10 +91,9 @@ def test_a_failed_threaded_write_keeps_the_last_checkpoint_and_closes_every_file
 
     monkeypatch.setattr(arrays, "WRITERS", 2)
     monkeypatch.setattr(arrays, "_write_file", failing)
-    fds = _open_fds()
     with pytest.raises(OSError, match="No space left"):
         rb.dumps(path)
-    assert _open_fds() == fds
+    assert _files_open_under(tmp_path) == []
     assert sorted(p.relative_to(path) for p in path.rglob("*")) == before
     loaded = TensorDictReplayBuffer(storage=LazyTensorStorage(ROWS), batch_size=8)
     loaded.loads(path)
