@@ -9,11 +9,11 @@ import numpy as np
 import torch
 
 from gpubuf.errors import (
-    StorageNotSharableError,
     EmptyBufferError,
     IndexOutOfRangeError,
     InvalidIndexError,
     StateDictError,
+    StorageNotSharableError,
     UnsupportedDataError,
 )
 from gpubuf.storages.base import Storage, check_device, check_max_size
@@ -42,7 +42,6 @@ class ListStorage(Storage):
         self._storage: list = []
         # A device that does not exist here is refused now, not at the first write.
         self.device = None if device is None else check_device(device)
-
 
     def __getstate__(self) -> dict[str, Any]:
         """The storage's state for pickling; refused for a spawned process, as by TorchRL.
